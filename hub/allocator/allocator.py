@@ -1,0 +1,431 @@
+"""The allocator: place, release and preempt GPU requests over an inventory, atomically."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from .errors import AlreadyAllocated, InvalidRequest, NoCapacity, StaleAllocations
+from .model import MILLI, GpuShare, Inventory, Placement, Request
+from .policies import Policy, get_policy
+from .preemption import Victim, cheapest_on_node
+from .quota import Quota, QuotaLedger
+from .state import ClusterState
+from .store import AllocationStore, MemoryStore, SQLiteStore
+from .units import fmt_gpus
+
+#: The policy used when none is named.
+DEFAULT_POLICY = "best-fit"
+#: What ``capacity`` returns for a request that asks for nothing.
+UNBOUNDED = sys.maxsize
+
+
+@dataclass(frozen=True)
+class StaleAllocation:
+    """A persisted placement that no longer fits the inventory, and why."""
+
+    placement: Placement
+    reason: str
+
+
+class Allocator:
+    """Decides where GPU requests go; thread-safe; every change is persisted before returning.
+
+    ``policy``: ``first-fit``, ``best-fit``, ``random`` or ``fgd`` (see ``policies.POLICIES``).
+    ``headroom_fraction``: share of GPU capacity kept free for on-demand requests; preemptible
+    requests are refused once they would eat into it. ``quota``: per-user/group budgets.
+    ``store``: where allocations persist (default: memory only); persisted allocations are loaded
+    at construction. Rows that no longer fit the inventory (node or GPU removed, smaller node)
+    are not loaded; they are listed in ``stale`` (or raise StaleAllocations when ``strict``),
+    stay in the store, and are deleted by ``release(id)``.
+    """
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        policy: str | Policy = DEFAULT_POLICY,
+        headroom_fraction: float = 0.0,
+        quota: Quota | None = None,
+        store: AllocationStore | None = None,
+        seed: int | None = None,
+        strict: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not 0.0 <= headroom_fraction < 1.0:
+            raise ValueError(f"headroom_fraction must be in [0, 1), got {headroom_fraction!r}")
+        self.inventory = inventory
+        self.policy = get_policy(policy, seed) if isinstance(policy, str) else policy
+        self.headroom_milli = round(headroom_fraction * inventory.total_gpu_milli)
+        self.quota = quota or Quota()
+        self.store: AllocationStore = store if store is not None else MemoryStore()
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._state = ClusterState(inventory)
+        self._ledger = QuotaLedger(self.quota)
+        self._placements: dict[str, Placement] = {}
+        self._held: dict[str, tuple[int, list[tuple[int, int]]]] = {}
+        self._on_node: dict[int, set[str]] = {}
+        self._affinity: dict[str, dict[str, int]] = {}
+        self._rack_nodes: dict[str, list[int]] = {}
+        for i, node in enumerate(inventory.nodes):
+            if node.rack is not None:
+                self._rack_nodes.setdefault(node.rack, []).append(i)
+        self.stale: list[StaleAllocation] = []
+        for placement in self.store.load():
+            reason = self._adopt(placement)
+            if reason is not None:
+                self.stale.append(StaleAllocation(placement, reason))
+        if strict and self.stale:
+            lines = "; ".join(f"{s.placement.id}: {s.reason}" for s in self.stale)
+            raise StaleAllocations(f"{len(self.stale)} stored allocation(s) no longer fit: {lines}")
+
+    @classmethod
+    def open(
+        cls, inventory: Inventory, db_url: str = "sqlite:///gpulab-allocations.sqlite", **kw: object
+    ) -> Allocator:
+        """An allocator persisted in the SQLite database at ``db_url``; reloads its allocations."""
+        return cls(inventory, store=SQLiteStore(db_url), **kw)  # type: ignore[arg-type]
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def get(self, request_id: str) -> Placement | None:
+        """The placement of ``request_id``, or None."""
+        with self._lock:
+            return self._placements.get(request_id)
+
+    def allocations(self) -> list[Placement]:
+        """Every live placement, oldest first."""
+        with self._lock:
+            return sorted(self._placements.values(), key=lambda p: (p.created_at, p.id))
+
+    def usage_milli(self, owner: str) -> int:
+        """Milli-GPU held by ``owner`` (all allocations, over-quota ones included)."""
+        with self._lock:
+            return self._ledger.user_total.get(owner, 0)
+
+    def quota_left_milli(self, owner: str, groups: frozenset[str]) -> int | None:
+        """Milli-GPU ``owner`` may still take (tightest user/group budget); None = unlimited."""
+        with self._lock:
+            return self._ledger.left(owner, frozenset(groups))
+
+    @property
+    def used_gpu_milli(self) -> int:
+        """Milli-GPU allocated over the whole inventory."""
+        return self._state.used_gpu_milli
+
+    def capacity(self, request: Request) -> int:
+        """How many more copies of ``request``'s shape fit now (ignores quota, honours headroom)."""
+        with self._lock:
+            state = self._state
+            cpu, mem, num_gpu, milli, models, nvlink = request.shape
+            count = 0
+            unbounded = not (cpu or mem or num_gpu or milli)
+            if unbounded:
+                return UNBOUNDED
+            for sig, group in state.groups.items():
+                _, cpu_free, mem_free, gpus = sig
+                cls = state.node_class(sig)
+                allowed = [not models or m in models for m in cls.models]
+                n = UNBOUNDED
+                if cpu:
+                    n = min(n, cpu_free // cpu)
+                if mem:
+                    n = min(n, mem_free // mem)
+                if milli:
+                    n = min(n, sum(f // milli for p, f in enumerate(gpus) if allowed[p]))
+                elif num_gpu:
+                    idle = [p for p, f in enumerate(gpus) if f == MILLI and allowed[p]]
+                    if nvlink:
+                        per: dict[str, int] = {}
+                        for p in idle:
+                            link = cls.nvlink[p]
+                            if link is not None:
+                                per[link] = per.get(link, 0) + 1
+                        n = min(n, sum(c // num_gpu for c in per.values()))
+                    else:
+                        n = min(n, len(idle) // num_gpu)
+                count += n * len(group)
+            if request.preemptible and request.total_gpu_milli:
+                room = self._preemptible_room()
+                count = min(count, max(0, room) // request.total_gpu_milli)
+            return count
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def place(self, request: Request) -> Placement:
+        """Place ``request`` (quota check, placement and persistence in one critical section).
+
+        Raises InvalidRequest, AlreadyAllocated, QuotaExceeded or NoCapacity, each with a reason.
+        """
+        with self._lock:
+            over_quota = self._admit(request)
+            choice = self._choose(request)
+            if choice is None:
+                raise NoCapacity(self._explain(request))
+            node, option = choice
+            return self._commit(request, node, option, over_quota, [])
+
+    def release(self, request_id: str) -> Placement | None:
+        """Free ``request_id``'s resources; idempotent, None when it is not held."""
+        with self._lock:
+            placement = self._placements.get(request_id)
+            if placement is None:
+                stale = [s for s in self.stale if s.placement.id == request_id]
+                if stale:
+                    self.store.commit([], [request_id])
+                    self.stale = [s for s in self.stale if s.placement.id != request_id]
+                    return stale[0].placement
+                return None
+            self.store.commit([], [request_id])
+            self._forget(request_id)
+            return placement
+
+    def propose_preemption(self, request: Request) -> list[Placement]:
+        """The cheapest set of preemptible placements whose release lets ``request`` fit.
+
+        ``[]`` when it fits already. Raises NoCapacity when no set of preemptible victims is
+        enough (on-demand work is never preempted, and preemptible requests preempt nothing),
+        QuotaExceeded when the request is over its budget anyway.
+        """
+        with self._lock:
+            self._admit(request)
+            found = self._find_victims(request)
+            return [] if found is None else [v.placement for v in found[1]]
+
+    def preempt_and_place(self, request: Request) -> tuple[Placement, list[Placement]]:
+        """Release the cheapest victims and place ``request`` in one atomic, persisted step."""
+        with self._lock:
+            over_quota = self._admit(request)
+            found = self._find_victims(request)
+            if found is None:
+                choice = self._choose(request)
+                assert choice is not None
+                return self._commit(request, choice[0], choice[1], over_quota, []), []
+            node, victims = found
+            state = self._state
+            for v in victims:
+                state.apply(v.node, v.cpu, v.mem, list(v.shares), -1)
+            try:
+                choice = self.policy.choose(state, request.shape, [node])
+                assert choice is not None, "victims were chosen so that the request fits"
+                placement = self._commit(
+                    request, node, choice[1], over_quota, [v.placement for v in victims]
+                )
+            except BaseException:
+                for v in victims:
+                    state.apply(v.node, v.cpu, v.mem, list(v.shares), +1)
+                raise
+            for v in victims:
+                self._forget(v.placement.id, resources=False)
+            return placement, [v.placement for v in victims]
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _preemptible_room(self) -> int:
+        return self.inventory.total_gpu_milli - self.headroom_milli - self._state.used_gpu_milli
+
+    def _admit(self, request: Request) -> bool:
+        if request.id in self._placements:
+            raise AlreadyAllocated(
+                f"{request.id!r} already holds an allocation on "
+                f"{self._placements[request.id].node}; release it first."
+            )
+        if request.gpu_models and request.total_gpu_milli:
+            missing = request.gpu_models - self.inventory.models
+            if missing == request.gpu_models:
+                have = ", ".join(sorted(self.inventory.models)) or "none"
+                raise NoCapacity(
+                    f"No GPU of model {'|'.join(sorted(request.gpu_models))} in this cluster "
+                    f"(models here: {have})."
+                )
+        over = self._ledger.admit(request)
+        milli = request.total_gpu_milli
+        free = self.inventory.total_gpu_milli - self._state.used_gpu_milli
+        if request.preemptible and milli > self._preemptible_room() and milli <= free:
+            raise NoCapacity(
+                f"Preemptible requests may not use the {fmt_gpus(self.headroom_milli)} kept for "
+                f"on-demand servers ({fmt_gpus(max(0, self._preemptible_room()))} left for "
+                f"preemptible work); ask for an on-demand server or try later."
+            )
+        return over
+
+    def _choose(self, request: Request) -> tuple[int, tuple[int, ...]] | None:
+        shape = request.shape
+        racks = self._affinity.get(request.affinity_group or "")
+        if racks:
+            near: list[int] = [i for rack in sorted(racks) for i in self._rack_nodes.get(rack, [])]
+            choice = self.policy.choose(self._state, shape, near)
+            if choice is not None:
+                return choice
+        return self.policy.choose(self._state, shape)
+
+    def _commit(
+        self,
+        request: Request,
+        node: int,
+        option: tuple[int, ...],
+        over_quota: bool,
+        removed: list[Placement],
+    ) -> Placement:
+        state = self._state
+        shape = request.shape
+        shares = state.shares_for(node, shape, option)
+        gpus = self.inventory.nodes[node].gpus
+        placement = Placement(
+            request=request,
+            node=self.inventory.nodes[node].name,
+            gpus=tuple(GpuShare(gpus[j].uuid, m) for j, m in shares),
+            created_at=self.clock(),
+            over_quota=over_quota,
+        )
+        if not state.can_apply(node, request.cpu_milli, request.memory_mib, iter(shares)):
+            raise AssertionError("policy chose a placement that does not fit")
+        self.store.commit([placement], [p.id for p in removed])
+        for p in removed:
+            self._ledger.add(p, -1)
+        state.apply(node, request.cpu_milli, request.memory_mib, shares, +1)
+        self._remember(placement, node, shares)
+        self.policy.observe(state, shape)
+        return placement
+
+    def _remember(self, placement: Placement, node: int, shares: list[tuple[int, int]]) -> None:
+        rid = placement.id
+        self._placements[rid] = placement
+        self._held[rid] = (node, shares)
+        self._on_node.setdefault(node, set()).add(rid)
+        self._ledger.add(placement, +1)
+        group = placement.request.affinity_group
+        rack = self.inventory.nodes[node].rack
+        if group is not None and rack is not None:
+            racks = self._affinity.setdefault(group, {})
+            racks[rack] = racks.get(rack, 0) + 1
+
+    def _forget(self, rid: str, resources: bool = True) -> None:
+        placement = self._placements.pop(rid)
+        node, shares = self._held.pop(rid)
+        self._on_node[node].discard(rid)
+        if resources:
+            req = placement.request
+            self._state.apply(node, req.cpu_milli, req.memory_mib, shares, -1)
+            self._ledger.add(placement, -1)
+        group = placement.request.affinity_group
+        rack = self.inventory.nodes[node].rack
+        if group is not None and rack is not None:
+            racks = self._affinity[group]
+            racks[rack] -= 1
+            if not racks[rack]:
+                del racks[rack]
+            if not racks:
+                del self._affinity[group]
+
+    def _adopt(self, placement: Placement) -> str | None:
+        """Load a persisted placement into the state; the reason it does not fit, or None."""
+        req = placement.request
+        if placement.id in self._placements:
+            return "duplicate id"
+        node = self.inventory.index_of(placement.node)
+        if node is None:
+            return f"node {placement.node!r} is no longer in the inventory"
+        shares: list[tuple[int, int]] = []
+        for share in placement.gpus:
+            loc = self._state.uuid_loc.get(share.uuid)
+            if loc is None or loc[0] != node:
+                return f"GPU {share.uuid} is no longer on node {placement.node!r}"
+            shares.append((loc[1], share.milli))
+        if sum(m for _, m in shares) != req.total_gpu_milli:
+            return "stored GPU shares do not add up to the request"
+        if not self._state.can_apply(node, req.cpu_milli, req.memory_mib, iter(shares)):
+            return f"node {placement.node!r} no longer has room for it (over-commit refused)"
+        self._state.apply(node, req.cpu_milli, req.memory_mib, shares, +1)
+        self._remember(placement, node, shares)
+        return None
+
+    def _find_victims(self, request: Request) -> tuple[int, tuple[Victim, ...]] | None:
+        """None when the request fits now; else (node, victims); NoCapacity when impossible."""
+        if self._choose(request) is not None:
+            return None
+        if request.preemptible:
+            raise NoCapacity(
+                self._explain(request) + " Preemptible requests do not preempt others."
+            )
+        now = self.clock()
+        shape = request.shape
+        best: tuple[tuple[int, int, float], int, tuple[Victim, ...]] | None = None
+        for node, rids in self._on_node.items():
+            cands = []
+            for rid in rids:
+                p = self._placements[rid]
+                if p.request.preemptible:
+                    _, shares = self._held[rid]
+                    cands.append(
+                        Victim(p, node, p.request.cpu_milli, p.request.memory_mib, tuple(shares))
+                    )
+            cands.sort(key=lambda v: v.placement.id)
+            found = cheapest_on_node(self._state, node, shape, cands, now)
+            if found is not None and (best is None or (found[0], node) < (best[0], best[1])):
+                best = (found[0], node, found[1])
+        if best is None:
+            raise NoCapacity(
+                self._explain(request) + " Preempting spot servers would not make room."
+            )
+        return best[1], best[2]
+
+    def _explain(self, request: Request) -> str:
+        """A sentence saying why ``request`` does not fit anywhere right now."""
+        state = self._state
+        cpu, mem, num_gpu, milli, models, nvlink = request.shape
+        kind = "|".join(sorted(models)) + " " if models else ""
+        largest = 0
+        gpu_ok_nodes: list[int] = []
+        for i, node in enumerate(self.inventory.nodes):
+            free = state.gpu_free[i]
+            allowed = [j for j, g in enumerate(node.gpus) if not models or g.model in models]
+            if num_gpu:
+                block = self._largest_block(i, allowed, nvlink)
+                largest = max(largest, block)
+                ok = block >= num_gpu
+            elif milli:
+                share = max((free[j] for j in allowed), default=0)
+                largest = max(largest, share)
+                ok = share >= milli
+            else:
+                ok = True
+            if ok:
+                gpu_ok_nodes.append(i)
+        if num_gpu and not gpu_ok_nodes:
+            link = "NVLinked " if nvlink else ""
+            return (
+                f"No node has {num_gpu} free {link}{kind}GPUs (largest free block: {largest}). "
+                "Ask for fewer GPUs or try later."
+            )
+        if milli and not gpu_ok_nodes:
+            return (
+                f"No {kind}GPU has {fmt_gpus(milli)} free "
+                f"(largest free share: {fmt_gpus(largest)}). "
+                "Ask for a smaller share or try later."
+            )
+        return (
+            f"No node with the requested GPUs also has {cpu / 1000:g} CPUs and {mem} MiB "
+            "memory free. "
+            "Ask for less CPU or memory, or try later."
+        )
+
+    def _largest_block(self, i: int, allowed: Collection[int], nvlink: bool) -> int:
+        free = self._state.gpu_free[i]
+        gpus = self.inventory.nodes[i].gpus
+        idle = [j for j in allowed if free[j] == MILLI]
+        if not nvlink:
+            return len(idle)
+        per: dict[str, int] = {}
+        for j in idle:
+            link = gpus[j].nvlink_group
+            if link is not None:
+                per[link] = per.get(link, 0) + 1
+        return max(per.values(), default=0)
+
+
+__all__ = ["DEFAULT_POLICY", "UNBOUNDED", "Allocator", "InvalidRequest", "StaleAllocation"]

@@ -1,0 +1,31 @@
+"""First-fit: the first node in inventory order that fits, lowest-index GPUs on it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from ..state import ClusterState, Shape
+from .base import Choice, Policy
+
+
+class FirstFit(Policy):
+    """Deterministic first-fit over the inventory order (the simplest packing baseline)."""
+
+    name = "first-fit"
+
+    def choose(
+        self, state: ClusterState, shape: Shape, nodes: Collection[int] | None = None
+    ) -> Choice | None:
+        best: Choice | None = None
+        pool = state.groups.items() if nodes is None else ((state.sig[i], {i}) for i in nodes)
+        for sig, group in pool:
+            options = state.options(sig, shape)
+            if not options:
+                continue
+            node = min(group)
+            if best is None or node < best[0]:
+                order = state.order[node]
+                # lowest physical GPU index among equivalent choices
+                option = min(options, key=lambda o: sorted(order[p] for p in o))
+                best = (node, option)
+        return best

@@ -1,0 +1,192 @@
+"""Mutable free-resource state of an inventory, grouped by node signature for fast scoring.
+
+Nodes whose free state is identical (same hardware class, same free CPU, memory and GPU shares)
+share one *signature*; a policy scores a signature once and the result holds for every node in
+the group. For nodes with one GPU model and no NVLink groups the GPUs are interchangeable, so the
+signature lists free shares sorted, and ``order[i]`` maps canonical positions back to GPU indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .model import MILLI, Inventory, Request
+
+#: ``(class_id, cpu_free, mem_free, free milli per GPU in canonical order)``
+Sig = tuple[int, int, int, tuple[int, ...]]
+#: ``(cpu, mem, num_gpu, gpu_milli, allowed models, needs nvlink)``, see ``Request.shape``
+Shape = tuple[int, int, int, int, frozenset[str], bool]
+
+
+@dataclass(frozen=True)
+class NodeClass:
+    """Static hardware of a node: capacities, GPU models and NVLink groups (canonical order)."""
+
+    cpu_milli: int
+    memory_mib: int
+    models: tuple[str, ...]
+    nvlink: tuple[str | None, ...]
+    interchangeable: bool
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.models)
+
+
+class ClusterState:
+    """Free CPU, memory and GPU milli per node, kept exact with integer arithmetic."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        nodes = inventory.nodes
+        self.cpu_free: list[int] = [n.cpu_milli for n in nodes]
+        self.mem_free: list[int] = [n.memory_mib for n in nodes]
+        self.gpu_free: list[list[int]] = [[MILLI] * len(n.gpus) for n in nodes]
+        self.used_gpu_milli = 0
+        self.classes: list[NodeClass] = []
+        class_ids: dict[NodeClass, int] = {}
+        self.class_of: list[int] = []
+        self.uuid_loc: dict[str, tuple[int, int]] = {}
+        for i, node in enumerate(nodes):
+            models = tuple(g.model for g in node.gpus)
+            links = tuple(g.nvlink_group for g in node.gpus)
+            inter = len(set(models)) <= 1 and len(set(links)) <= 1
+            cls = NodeClass(node.cpu_milli, node.memory_mib, models, links, inter)
+            if cls not in class_ids:
+                class_ids[cls] = len(self.classes)
+                self.classes.append(cls)
+            self.class_of.append(class_ids[cls])
+            for j, gpu in enumerate(node.gpus):
+                self.uuid_loc[gpu.uuid] = (i, j)
+        self.sig: list[Sig] = []
+        self.order: list[tuple[int, ...]] = []
+        self.groups: dict[Sig, set[int]] = {}
+        for i in range(len(nodes)):
+            s, o = self._signature(i)
+            self.sig.append(s)
+            self.order.append(o)
+            self.groups.setdefault(s, set()).add(i)
+
+    # -- signatures -------------------------------------------------------------------------
+
+    def _signature(self, i: int) -> tuple[Sig, tuple[int, ...]]:
+        return self.signature_of(i, self.cpu_free[i], self.mem_free[i], self.gpu_free[i])
+
+    def signature_of(
+        self, i: int, cpu_free: int, mem_free: int, free: list[int]
+    ) -> tuple[Sig, tuple[int, ...]]:
+        """Signature and canonical order node i would have with the given free resources."""
+        cid = self.class_of[i]
+        if self.classes[cid].interchangeable:
+            order = tuple(sorted(range(len(free)), key=free.__getitem__))
+            gpus = tuple(free[j] for j in order)
+        else:
+            order = tuple(range(len(free)))
+            gpus = tuple(free)
+        return (cid, cpu_free, mem_free, gpus), order
+
+    def _refresh(self, i: int) -> None:
+        old = self.sig[i]
+        group = self.groups[old]
+        group.discard(i)
+        if not group:
+            del self.groups[old]
+        s, o = self._signature(i)
+        self.sig[i] = s
+        self.order[i] = o
+        self.groups.setdefault(s, set()).add(i)
+
+    def node_class(self, sig: Sig) -> NodeClass:
+        return self.classes[sig[0]]
+
+    # -- mutation ---------------------------------------------------------------------------
+
+    def can_apply(self, i: int, cpu: int, mem: int, shares: Iterator[tuple[int, int]]) -> bool:
+        """Whether taking ``cpu``, ``mem`` and ``(gpu index, milli)`` shares on node i fits."""
+        if cpu > self.cpu_free[i] or mem > self.mem_free[i]:
+            return False
+        need: dict[int, int] = {}
+        for j, m in shares:
+            need[j] = need.get(j, 0) + m
+        free = self.gpu_free[i]
+        return all(0 <= j < len(free) and m <= free[j] for j, m in need.items())
+
+    def apply(self, i: int, cpu: int, mem: int, shares: list[tuple[int, int]], sign: int) -> None:
+        """Take (sign=+1) or give back (sign=-1) resources on node i; never goes negative."""
+        if sign > 0 and not self.can_apply(i, cpu, mem, iter(shares)):
+            raise AssertionError(f"over-commit on node {self.inventory.nodes[i].name}")
+        self.cpu_free[i] -= sign * cpu
+        self.mem_free[i] -= sign * mem
+        free = self.gpu_free[i]
+        for j, m in shares:
+            free[j] -= sign * m
+            self.used_gpu_milli += sign * m
+        self._refresh(i)
+
+    # -- fitting ----------------------------------------------------------------------------
+
+    def options(self, sig: Sig, shape: Shape) -> list[tuple[int, ...]]:
+        """Distinct GPU choices (canonical positions) for ``shape`` on a node in state ``sig``.
+
+        Empty list: does not fit. ``[()]``: fits without GPUs. For interchangeable GPUs only one
+        position per distinct free value is listed, since the others are equivalent.
+        """
+        _, cpu_free, mem_free, gpus = sig
+        cpu, mem, num_gpu, milli, models, nvlink = shape
+        if cpu > cpu_free or mem > mem_free:
+            return []
+        if not num_gpu and not milli:
+            return [()]
+        cls = self.classes[sig[0]]
+        allowed = [not models or m in models for m in cls.models]
+        if milli:
+            out: list[tuple[int, ...]] = []
+            seen: set[int] = set()
+            for p, f in enumerate(gpus):
+                if f >= milli and allowed[p]:
+                    if cls.interchangeable:
+                        if f in seen:
+                            continue
+                        seen.add(f)
+                    out.append((p,))
+            return out
+        idle = [p for p, f in enumerate(gpus) if f == MILLI and allowed[p]]
+        if len(idle) < num_gpu:
+            return []
+        if cls.interchangeable:
+            if nvlink and cls.nvlink[0] is None:
+                return []
+            return [tuple(idle[:num_gpu])]
+        buckets: dict[tuple[str, str | None], list[int]] = {}
+        for p in idle:
+            if nvlink and cls.nvlink[p] is None:
+                continue
+            key = (cls.models[p], cls.nvlink[p] if nvlink else None)
+            buckets.setdefault(key, []).append(p)
+        outs = [tuple(ps[:num_gpu]) for ps in buckets.values() if len(ps) >= num_gpu]
+        if nvlink:
+            return outs
+        return outs or [tuple(idle[:num_gpu])]
+
+    def after(self, sig: Sig, shape: Shape, option: tuple[int, ...]) -> Sig:
+        """The signature a node in state ``sig`` has after taking ``shape`` with ``option``."""
+        cid, cpu_free, mem_free, gpus = sig
+        take = MILLI if shape[2] else shape[3]
+        g = list(gpus)
+        for p in option:
+            g[p] -= take
+        if self.classes[cid].interchangeable:
+            g.sort()
+        return (cid, cpu_free - shape[0], mem_free - shape[1], tuple(g))
+
+    def shares_for(self, i: int, shape: Shape, option: tuple[int, ...]) -> list[tuple[int, int]]:
+        """Translate canonical positions into ``(gpu index, milli)`` shares on node i."""
+        take = MILLI if shape[2] else shape[3]
+        order = self.order[i]
+        return [(order[p], take) for p in option]
+
+    def fits_request(self, request: Request) -> bool:
+        """Whether any node could take ``request`` right now."""
+        shape = request.shape
+        return any(self.options(s, shape) for s in self.groups)
