@@ -1,0 +1,1 @@
+"""gpulab hub side: profiles, inventory, allocator and JupyterHub configuration."""

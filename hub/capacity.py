@@ -1,0 +1,403 @@
+"""GPUCapacity: the hub's one view of GPUs - inventory, profile catalog, quotas and allocations.
+
+A traitlets SingletonConfigurable so that every spawner, the hub's REST handlers and the admin
+panel share one allocator per hub process. The allocator itself is pure and synchronous; calls go
+through a worker thread so that its SQLite commit never blocks the hub's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import yaml
+from gpulab.hub import inventory as inv
+from gpulab.hub.allocator import (
+    Allocator,
+    Inventory,
+    Node,
+    Placement,
+    Quota,
+    Request,
+)
+from gpulab.hub.profiles import (
+    MILLI_PER_GPU,
+    Profile,
+    ProfileError,
+    format_gpus,
+    parse_catalog,
+    parse_gpus,
+    parse_memory_mib,
+)
+from traitlets import Any as AnyTrait
+from traitlets import Bool, Dict, Float, List, Unicode, default, validate
+from traitlets.config import SingletonConfigurable
+
+
+@dataclass(frozen=True)
+class ProfileAvailability:
+    profile: Profile
+    free: int
+    waiting: int
+
+    @property
+    def label(self) -> str:
+        """'1/4 GPU - 11 free', '8 GPUs - none free, 2 waiting'."""
+        if self.profile.gpu == 0:
+            text = f"{self.profile.display_name}"
+        else:
+            text = f"{self.profile.gpu_label} - " + (
+                f"{self.free} free" if self.free else "none free"
+            )
+        if self.waiting:
+            text += f", {self.waiting} waiting"
+        return text
+
+
+def _gpus_to_milli(value: Any, field_name: str) -> int:
+    """Quotas may be any exact amount (1.5, '3/2', 8), not only catalog steps."""
+    if isinstance(value, bool):
+        raise ProfileError(f"{field_name}: expected a number of GPUs, got {value!r}")
+    try:
+        amount = Fraction(value) if not isinstance(value, str) else Fraction(value.strip())
+    except (ValueError, ZeroDivisionError, TypeError):
+        raise ProfileError(f"{field_name}: {value!r} is not a number of GPUs") from None
+    if amount < 0:
+        raise ProfileError(f"{field_name}: {value!r} is negative")
+    milli = amount * MILLI_PER_GPU
+    if milli.denominator != 1:
+        raise ProfileError(f"{field_name}: {value!r} is finer than 1/1000 GPU")
+    return int(milli)
+
+
+class GPUCapacity(SingletonConfigurable):
+    """GPU inventory, profile catalog, quotas and live allocations of this hub."""
+
+    profiles = List(
+        Dict(),
+        config=True,
+        help="""The profile catalog users pick from. Each entry is a dict with:
+        `slug` (required, e.g. 'gpu-quarter'), `display_name`, `description`,
+        `gpus` (0, '1/8' .. '7/8' in 1/8 steps, or a whole number), `gpu_model` (one model or
+        'A100-SXM4-80GB|H100-80GB-HBM3'), `cpu_limit` (cores), `mem_limit` ('16G'),
+        `groups` (only members of these groups see and may use it; admins see all),
+        `priority` ('on-demand' or 'preemptible') and `default` (preselected).
+        Ignored when `profiles_file` is set.""",
+    )
+
+    @default("profiles")
+    def _default_profiles(self) -> list[dict[str, Any]]:
+        from gpulab.hub.profiles import DEFAULT_CATALOG
+
+        return [dict(p) for p in DEFAULT_CATALOG]
+
+    profiles_file = Unicode(
+        "",
+        config=True,
+        help="""A YAML file with the profile catalog (a list of profile dicts, or a mapping with a
+        'profiles' key). When set it replaces `profiles`.""",
+    )
+
+    inventory_source = Unicode(
+        "auto",
+        config=True,
+        help="""Where the GPU inventory comes from: 'nvml' (discover GPUs through the NVIDIA
+        driver), 'declared' (use `declared_inventory`, for machines without a driver), or 'auto'
+        (NVML when a driver answers, otherwise the declared inventory).""",
+    )
+
+    @validate("inventory_source")
+    def _check_source(self, proposal: Any) -> str:
+        value = proposal["value"]
+        if value not in ("auto", "nvml", "declared"):
+            raise ValueError(
+                f"GPUCapacity.inventory_source must be 'auto', 'nvml' or 'declared', not {value!r}"
+            )
+        return str(value)
+
+    declared_inventory = Unicode(
+        "",
+        config=True,
+        help="""GPUs of this machine as declared by the admin, e.g. '8 x A100-SXM4-80GB' or
+        '4 x A100-SXM4-80GB, 2 x T4'. Used where no NVIDIA driver is present; the UI and logs label
+        such an inventory 'declared', since nothing was measured. Empty: CPU-only.""",
+    )
+
+    node_cpu_limit = Float(
+        0.0,
+        config=True,
+        help="CPU cores the allocator may hand out on this machine (0: all cores the OS reports).",
+    )
+    node_mem_limit = Unicode(
+        "",
+        config=True,
+        help="Memory the allocator may hand out on this machine, e.g. '512G' (empty: all of it).",
+    )
+
+    db_url = Unicode(
+        "sqlite:///gpulab-allocations.sqlite",
+        config=True,
+        help="""Where allocations are persisted, in JupyterHub's URL style ('sqlite:///path',
+        relative to the hub's working directory). Allocations outlive hub restarts: with
+        `JupyterHub.cleanup_servers = False` running servers keep their GPUs.""",
+    )
+
+    placement_policy = Unicode(
+        "best-fit",
+        config=True,
+        help="""Placement policy of the allocator: 'first-fit', 'best-fit', 'fgd' or another
+        policy the allocator offers (see gpulab.hub.allocator).""",
+    )
+
+    headroom_fraction = Float(
+        0.0,
+        config=True,
+        help="""Share of GPU capacity (0 to <1) kept free for on-demand profiles: preemptible
+        profiles cannot use it, so an on-demand user still finds a GPU when the machine is busy.""",
+    )
+
+    @validate("headroom_fraction")
+    def _check_headroom(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if not 0 <= value < 1:
+            raise ValueError(f"GPUCapacity.headroom_fraction must be in [0, 1), not {value!r}")
+        return value
+
+    user_quota_gpus = Dict(
+        config=True,
+        help="""Per-user GPU budgets, in GPUs (fractions exact: '3/2', 0.5): {'alice': 2}.
+        Counted over all of a user's running servers.""",
+    )
+    group_quota_gpus = Dict(
+        config=True,
+        help="""Per-group GPU budgets, in GPUs, summed over all members: {'students': 4}.""",
+    )
+    default_user_quota_gpus = AnyTrait(
+        None,
+        config=True,
+        allow_none=True,
+        help="GPU budget of users not named in `user_quota_gpus` (None: unlimited).",
+    )
+    allow_preemptible_over_quota = Bool(
+        True,
+        config=True,
+        help="""Let preemptible profiles run beyond a user's quota; such servers are the first
+        to be reclaimed when on-demand work needs the GPUs.""",
+    )
+
+    # -- derived state -------------------------------------------------------------------------
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._waiting: Counter[str] = Counter()
+        self._release_event: asyncio.Event | None = None
+        self._events: dict[str, list[dict[str, Any]]] = {}
+        node, self.inventory_label = self._discover()
+        self.inventory = Inventory([node])
+        self.catalog = self._load_catalog()
+        self.allocator = Allocator.open(
+            self.inventory,
+            db_url=self.db_url,
+            policy=self.placement_policy,
+            headroom_fraction=self.headroom_fraction,
+            quota=self._quota(),
+        )
+        self.log.info(
+            "gpulab GPU inventory: %s; %d profiles; %d allocations restored from %s",
+            self.inventory_label,
+            len(self.catalog),
+            len(self.allocator.allocations()),
+            self.db_url,
+        )
+        self._reconciled = False
+
+    def _discover(self) -> tuple[Any, str]:
+        cpu_milli = int(self.node_cpu_limit * 1000) if self.node_cpu_limit else None
+        memory_mib = (
+            parse_memory_mib(self.node_mem_limit, field_name="GPUCapacity.node_mem_limit")
+            if self.node_mem_limit
+            else None
+        )
+        source = self.inventory_source
+        if source in ("auto", "nvml"):
+            ok, why = inv.nvml_available()
+            if ok:
+                node = inv.discover_nvml(cpu_milli=cpu_milli, memory_mib=memory_mib)
+                return node, f"NVML: {self._describe(node)}"
+            if source == "nvml":
+                raise inv.InventoryError(f"GPUCapacity.inventory_source is 'nvml' but {why}")
+            self.log.info("No NVML (%s); using the declared inventory", why)
+        if not self.declared_inventory:
+            node = Node(
+                name=socket.gethostname(),
+                cpu_milli=cpu_milli or inv.machine_cpu_milli(),
+                memory_mib=memory_mib or inv.machine_memory_mib(),
+            )
+            self.log.warning(
+                "No GPUs: no NVIDIA driver and GPUCapacity.declared_inventory is empty"
+            )
+            return node, "no GPUs (no NVIDIA driver, nothing declared)"
+        node = inv.parse_declared(
+            self.declared_inventory, cpu_milli=cpu_milli, memory_mib=memory_mib
+        )
+        label = f"declared: {self._describe(node)} (simulated - no NVIDIA driver on this machine)"
+        self.log.warning("gpulab is using a DECLARED GPU inventory: %s", label)
+        return node, label
+
+    @staticmethod
+    def _describe(node: Any) -> str:
+        models = Counter(g.model for g in node.gpus)
+        return ", ".join(f"{n} x {m}" for m, n in models.items()) or "no GPUs"
+
+    @property
+    def inventory_is_declared(self) -> bool:
+        return self.inventory_label.startswith("declared")
+
+    def _load_catalog(self) -> list[Profile]:
+        entries: Any = self.profiles
+        if self.profiles_file:
+            data = yaml.safe_load(Path(self.profiles_file).read_text())
+            entries = data.get("profiles") if isinstance(data, dict) else data
+            if not isinstance(entries, list):
+                raise ProfileError(
+                    f"GPUCapacity.profiles_file {self.profiles_file}: expected a list of profiles"
+                )
+        return parse_catalog(entries, known_models=self.inventory.models)
+
+    def _quota(self) -> Quota:
+        users = {
+            u: _gpus_to_milli(v, f"GPUCapacity.user_quota_gpus[{u!r}]")
+            for u, v in self.user_quota_gpus.items()
+        }
+        groups = {
+            g: _gpus_to_milli(v, f"GPUCapacity.group_quota_gpus[{g!r}]")
+            for g, v in self.group_quota_gpus.items()
+        }
+        default_milli = (
+            None
+            if self.default_user_quota_gpus is None
+            else _gpus_to_milli(self.default_user_quota_gpus, "GPUCapacity.default_user_quota_gpus")
+        )
+        return Quota(
+            users=users,
+            groups=groups,
+            default_user_milli=default_milli,
+            allow_preemptible_over_quota=self.allow_preemptible_over_quota,
+        )
+
+    # -- catalog queries -----------------------------------------------------------------------
+
+    def profile(self, slug: str) -> Profile | None:
+        return next((p for p in self.catalog if p.slug == slug), None)
+
+    def visible_profiles(self, groups: frozenset[str], is_admin: bool) -> list[Profile]:
+        return [p for p in self.catalog if p.visible_to(groups, is_admin)]
+
+    def request_for(
+        self, profile: Profile, *, allocation_id: str, owner: str, groups: frozenset[str]
+    ) -> Request:
+        return Request(
+            id=allocation_id,
+            owner=owner,
+            groups=groups,
+            cpu_milli=int(profile.cpu_limit * 1000) if profile.cpu_limit else 0,
+            memory_mib=profile.mem_limit_mib or 0,
+            num_gpu=profile.num_gpu,
+            gpu_milli=profile.gpu_milli,
+            gpu_models=profile.gpu_models,
+            priority=profile.priority,  # type: ignore[arg-type]
+            nvlink=False,
+        )
+
+    def availability(self, profile: Profile) -> ProfileAvailability:
+        probe = self.request_for(
+            profile, allocation_id="capacity-probe", owner="", groups=frozenset()
+        )
+        return ProfileAvailability(
+            profile, self.allocator.capacity(probe), self._waiting[profile.slug]
+        )
+
+    def quota_summary(self, owner: str, groups: frozenset[str]) -> str | None:
+        left = self.allocator.quota_left_milli(owner, groups)
+        if left is None:
+            return None
+        used = self.allocator.usage_milli(owner)
+        return (
+            f"GPU quota: using {format_gpus(Fraction(used, MILLI_PER_GPU))}, "
+            f"{format_gpus(Fraction(left, MILLI_PER_GPU))} left"
+        )
+
+    # -- allocation ----------------------------------------------------------------------------
+
+    async def place(self, request: Request) -> Placement:
+        return await asyncio.to_thread(self.allocator.place, request)
+
+    async def release(self, allocation_id: str) -> Placement | None:
+        placement = await asyncio.to_thread(self.allocator.release, allocation_id)
+        if placement is not None and self._release_event is not None:
+            event, self._release_event = self._release_event, None
+            event.set()
+        return placement
+
+    async def wait_for_release(self, timeout: float) -> None:
+        """Return when some allocation is released, or after `timeout` seconds."""
+        if self._release_event is None:
+            self._release_event = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._release_event.wait(), timeout)
+
+    def waiting(self, slug: str) -> _WaitingTicket:
+        return _WaitingTicket(self._waiting, slug)
+
+    def reconcile(self, live_allocation_ids: set[str]) -> list[Placement]:
+        """Release allocations that belong to no server JupyterHub knows of (the hub died between
+        placing and recording a server). Runs once per hub process, before the first spawn."""
+        if self._reconciled:
+            return []
+        self._reconciled = True
+        orphans = [
+            p for p in self.allocator.allocations() if p.request.id not in live_allocation_ids
+        ]
+        for p in orphans:
+            self.allocator.release(p.request.id)
+            self.log.warning("Released orphaned GPU allocation %s on %s", p.request.id, p.node)
+        return orphans
+
+    def record_event(self, allocation_id: str, stage: str, message: str) -> None:
+        """Watchdog warnings and stops, kept (bounded) for the admin's allocation list."""
+        events = self._events.setdefault(allocation_id, [])
+        events.append({"time": time.time(), "stage": stage, "message": message})
+        del events[:-20]
+
+    def events_for(self, allocation_id: str) -> list[dict[str, Any]]:
+        return list(self._events.get(allocation_id, []))
+
+    def gpu_by_uuid(self, uuid: str) -> Any:
+        for node in self.inventory.nodes:
+            for gpu in node.gpus:
+                if gpu.uuid == uuid:
+                    return gpu
+        raise KeyError(uuid)
+
+
+class _WaitingTicket:
+    """Counts a spawn as waiting for its profile while the `with` block runs."""
+
+    def __init__(self, counter: Counter[str], slug: str) -> None:
+        self._counter, self._slug = counter, slug
+
+    def __enter__(self) -> None:
+        self._counter[self._slug] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._counter[self._slug] -= 1
+
+
+__all__ = ["GPUCapacity", "ProfileAvailability", "parse_gpus"]

@@ -1,0 +1,52 @@
+"""The `gpulab` command: run the embedded hub from a state directory."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_CONFIG = Path(__file__).with_name("jupyterhub_config.py")
+
+
+def _default_state_dir() -> Path:
+    return Path(os.environ.get("GPULAB_STATE_DIR", Path.cwd() / "run"))
+
+
+def run(args: argparse.Namespace) -> int:
+    state = Path(args.state_dir).resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o700)
+    env = dict(os.environ)
+    env["GPULAB_IP"], env["GPULAB_PORT"] = args.ip, str(args.port)
+    if args.config:
+        env["GPULAB_CONFIG"] = str(Path(args.config).resolve())
+    bin_dir = Path(sys.executable).parent
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    jupyterhub = bin_dir / "jupyterhub"
+    print(
+        f"gpulab: starting JupyterHub on http://{args.ip}:{args.port} (state in {state})",
+        flush=True,
+    )
+    os.chdir(state)
+    os.execve(str(jupyterhub), [str(jupyterhub), "-f", str(DEFAULT_CONFIG), *args.extra], env)
+    return 0  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpulab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="start the hub on this machine (the embedded default)")
+    p.add_argument("--ip", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--state-dir", default=str(_default_state_dir()))
+    p.add_argument("--config", help="an extra JupyterHub config file (profiles, quotas...)")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed on to jupyterhub")
+    p.set_defaults(func=run)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Hub REST endpoints of gpulab: live capacity per profile, and allocations for admins.
+
+Register them with `c.JupyterHub.extra_handlers = gpulab_handlers` when not using gpulab's
+authenticator (which adds them itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpulab.hub.capacity import GPUCapacity
+from jupyterhub.apihandlers.base import APIHandler
+from tornado import web
+
+
+class _GPULabAPIHandler(APIHandler):
+    @property
+    def gpu_capacity(self) -> GPUCapacity:
+        return GPUCapacity.instance(config=self.settings["config"], log=self.log)
+
+    def _caller_groups_admin(self) -> tuple[str, frozenset[str], bool]:
+        caller = self.current_user
+        if caller is None:
+            raise web.HTTPError(403, "Authentication required")
+        groups = frozenset(g.name for g in getattr(caller, "groups", []) or [])
+        is_admin = bool(getattr(caller, "admin", False)) or "admin:users" in self.expanded_scopes
+        return caller.name, groups, is_admin
+
+
+class CapacityAPIHandler(_GPULabAPIHandler):
+    """GET /hub/api/gpulab/capacity: the caller's profiles with free and waiting counts."""
+
+    async def get(self) -> None:
+        name, groups, is_admin = self._caller_groups_admin()
+        capacity = self.gpu_capacity
+        profiles = []
+        for profile in capacity.visible_profiles(groups, is_admin):
+            a = capacity.availability(profile)
+            profiles.append(
+                {
+                    "slug": profile.slug,
+                    "display_name": profile.display_name,
+                    "gpus": profile.gpu_label,
+                    "gpu_models": sorted(profile.gpu_models),
+                    "priority": profile.priority,
+                    "free": a.free,
+                    "waiting": a.waiting,
+                    "label": a.label,
+                }
+            )
+        self.write(
+            {
+                "inventory": capacity.inventory_label,
+                "declared": capacity.inventory_is_declared,
+                "quota": capacity.quota_summary(name, groups),
+                "profiles": profiles,
+            }
+        )
+
+
+class AllocationsAPIHandler(_GPULabAPIHandler):
+    """GET /hub/api/gpulab/allocations: every GPU allocation (admins only)."""
+
+    async def get(self) -> None:
+        _, _, is_admin = self._caller_groups_admin()
+        if not is_admin:
+            raise web.HTTPError(403, "Only admins may list all GPU allocations")
+        capacity = self.gpu_capacity
+        out: list[dict[str, Any]] = []
+        for p in capacity.allocator.allocations():
+            out.append(
+                {
+                    "id": p.request.id,
+                    "owner": p.request.owner,
+                    "node": p.node,
+                    "priority": p.request.priority,
+                    "gpus": [{"uuid": s.uuid, "milli": s.milli} for s in p.gpus],
+                    "events": capacity.events_for(p.request.id),
+                }
+            )
+        self.write({"inventory": capacity.inventory_label, "allocations": out})
+
+
+gpulab_handlers: list[tuple[str, type[APIHandler]]] = [
+    (r"/api/gpulab/capacity", CapacityAPIHandler),
+    (r"/api/gpulab/allocations", AllocationsAPIHandler),
+]

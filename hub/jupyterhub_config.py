@@ -1,0 +1,51 @@
+"""gpulab's embedded default: one machine, local processes, NativeAuthenticator.
+
+Started by `gpulab run` from a state directory (the hub's working directory: its database,
+cookie secret, allocations and users' homes live there). Environment knobs, all optional:
+GPULAB_IP / GPULAB_PORT (127.0.0.1:8000), GPULAB_DECLARED_INVENTORY (used when no NVIDIA driver
+answers; default '8 x A100-SXM4-80GB'), GPULAB_CONFIG (an extra config file loaded last, for an
+admin's own profiles, quotas and settings).
+"""
+
+import os
+import shutil
+import sys
+
+from gpulab.hub.handlers import gpulab_handlers  # noqa: F401  (for admins switching authenticators)
+
+c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
+
+bin_dir = os.path.dirname(sys.executable)
+
+c.JupyterHub.ip = os.environ.get("GPULAB_IP", "127.0.0.1")
+c.JupyterHub.port = int(os.environ.get("GPULAB_PORT", "8000"))
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(os.environ.get("GPULAB_HUB_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = os.environ.get("GPULAB_PROXY_API_URL", "http://127.0.0.1:8001")
+c.ConfigurableHTTPProxy.command = [
+    shutil.which("configurable-http-proxy", path=f"{bin_dir}:{os.environ.get('PATH', '')}")
+    or "configurable-http-proxy"
+]
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = 5
+# Servers and their GPU allocations outlive a hub restart (upgrade, config change).
+c.JupyterHub.cleanup_servers = False
+c.ConfigurableHTTPProxy.should_start = True
+
+c.JupyterHub.authenticator_class = "gpulab.hub.auth.GPULabAuthenticator"
+c.Authenticator.allow_all = True  # NativeAuthenticator: only users an admin approved can log in
+c.NativeAuthenticator.open_signup = False
+
+c.JupyterHub.spawner_class = "gpulab-simple"
+c.Spawner.cmd = [os.path.join(bin_dir, "jupyterhub-singleuser")]
+c.Spawner.default_url = "/lab"
+c.Spawner.http_timeout = 60
+c.Spawner.start_timeout = 120
+c.Spawner.poll_interval = 10
+
+c.GPUCapacity.declared_inventory = os.environ.get("GPULAB_DECLARED_INVENTORY", "8 x A100-SXM4-80GB")
+c.GPUCapacity.db_url = "sqlite:///gpulab-allocations.sqlite"
+
+extra = os.environ.get("GPULAB_CONFIG")
+if extra:
+    load_subconfig(extra)  # noqa: F821 - provided by JupyterHub

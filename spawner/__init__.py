@@ -1,0 +1,1 @@
+"""gpulab spawners: the local GPU spawner and the shared profile -> allocation -> environment logic."""

@@ -1,0 +1,265 @@
+"""What every gpulab spawner shares: profile choice -> validated request -> allocation -> release.
+
+The local spawner and the Kubernetes spawner both inherit this mixin; only how a placement is
+applied (environment of a process, or a pod manifest) differs between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gpulab.hub.allocator import (
+    AllocationError,
+    AlreadyAllocated,
+    InvalidRequest,
+    NoCapacity,
+    Placement,
+    QuotaExceeded,
+)
+from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.profiles import Profile
+from gpulab.spawner.environment import AssignedGPU, Enforcement, enforcement_for
+from gpulab.spawner.picker import PickerRow, render_picker
+from tornado import web
+from traitlets import Integer, Unicode, default
+from traitlets.config import Configurable
+
+_ALLOWED_OPTION_KEYS = {"profile"}
+
+
+def _status_for(error: AllocationError) -> int:
+    if isinstance(error, QuotaExceeded):
+        return 403
+    if isinstance(error, NoCapacity | AlreadyAllocated):
+        return 409
+    return 400
+
+
+class GPUSpawnerMixin(Configurable):
+    """Profiles, quotas and GPU allocation for a JupyterHub spawner (see `GPUCapacity` for the
+    catalog, inventory and quota settings)."""
+
+    queue_timeout_seconds = Integer(
+        0,
+        config=True,
+        help="""How long a spawn waits for GPUs to free up when its profile has none free
+        (0: refuse at once with a message saying so). Waiting spawns are counted in the picker
+        ('none free, 2 waiting'). Keep it below `Spawner.start_timeout`.""",
+    )
+
+    allocation_id_template = Unicode(
+        "{username}/{servername}",
+        config=True,
+        help="How a server's allocation is named in the allocator (and its database).",
+    )
+
+    # -- shared state --------------------------------------------------------------------------
+
+    @property
+    def gpu_capacity(self) -> GPUCapacity:
+        return GPUCapacity.instance(config=self.config, log=self.log)
+
+    @property
+    def allocation_id(self) -> str:
+        return self.allocation_id_template.format(username=self.user.name, servername=self.name)
+
+    @property
+    def user_groups(self) -> frozenset[str]:
+        return frozenset(g.name for g in getattr(self.user, "groups", []) or [])
+
+    @property
+    def is_admin(self) -> bool:
+        return bool(getattr(self.user, "admin", False))
+
+    gpulab_placement: Placement | None = None
+    gpulab_enforcement: Enforcement | None = None
+
+    # -- profile picker ------------------------------------------------------------------------
+
+    def isolation_preview(self, profile: Profile) -> str:
+        """What the isolation of a profile will be, before a GPU is picked."""
+        gpus = []
+        if profile.gpu > 0:
+            models = profile.gpu_models or self.gpu_capacity.inventory.models
+            sample = next(
+                (
+                    g
+                    for node in self.gpu_capacity.inventory.nodes
+                    for g in node.gpus
+                    if g.model in models
+                ),
+                None,
+            )
+            if sample is not None:
+                milli = profile.gpu_milli or 1000
+                count = max(1, profile.num_gpu)
+                gpus = [AssignedGPU(sample.uuid, sample.model, sample.memory_mib, milli)] * count
+        return self.describe_enforcement(gpus).isolation
+
+    def describe_enforcement(self, gpus: list[AssignedGPU]) -> Enforcement:
+        """How a placement is enforced by this spawner; backends override (MPS, MIG, HAMi...)."""
+        return enforcement_for(gpus, mps_available=False)
+
+    async def gpulab_options_form(self, spawner: Any = None) -> str:
+        capacity = self.gpu_capacity
+        profiles = capacity.visible_profiles(self.user_groups, self.is_admin)
+        previous = (self.user_options or {}).get("profile")
+        default = previous if capacity.profile(str(previous)) else None
+        default = default or next((p.slug for p in profiles if p.default), profiles[0].slug)
+        rows = [
+            PickerRow(capacity.availability(p), self.isolation_preview(p), p.slug == default)
+            for p in profiles
+        ]
+        return render_picker(
+            rows,
+            inventory_label=capacity.inventory_label,
+            declared=capacity.inventory_is_declared,
+            quota=capacity.quota_summary(self.user.name, self.user_groups),
+        )
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        values = formdata.get("profile") or [""]
+        return {"profile": values[0]}
+
+    # -- validation ----------------------------------------------------------------------------
+
+    gpulab_profile: Profile | None = None
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self) -> Any:
+        return GPUSpawnerMixin.gpulab_apply_user_options
+
+    def gpulab_apply_user_options(self, user_options: Any) -> None:
+        """JupyterHub's apply_user_options hook: validate the choice before anything starts."""
+        self.gpulab_profile = self.resolve_profile(user_options)
+
+    def resolve_profile(self, user_options: Any) -> Profile:
+        """The profile a request names, refused with a readable 4xx when it is unknown,
+        malformed or closed to the user's groups. Same checks for the form and the REST API."""
+        capacity = self.gpu_capacity
+        if user_options is None:
+            user_options = {}
+        if not isinstance(user_options, dict):
+            raise web.HTTPError(
+                400,
+                f"Server options must be a JSON object like {{'profile': 'gpu-1'}}, got {user_options!r}",
+            )
+        unknown = set(user_options) - _ALLOWED_OPTION_KEYS
+        if unknown:
+            raise web.HTTPError(
+                400,
+                f"Unknown server option(s) {sorted(unknown)}; gpulab takes only 'profile' "
+                f"(one of {[p.slug for p in capacity.catalog]})",
+            )
+        slug = user_options.get("profile")
+        if slug in (None, ""):
+            default = next((p for p in capacity.catalog if p.default), None)
+            visible = capacity.visible_profiles(self.user_groups, self.is_admin)
+            chosen = default if default in visible else (visible[0] if visible else None)
+            if chosen is None:
+                raise web.HTTPError(403, f"No profile is available to user {self.user.name!r}")
+            return chosen
+        if not isinstance(slug, str):
+            raise web.HTTPError(400, f"'profile' must be a profile name (a string), got {slug!r}")
+        profile = capacity.profile(slug)
+        visible = capacity.visible_profiles(self.user_groups, self.is_admin)
+        if profile is None:
+            raise web.HTTPError(
+                400, f"Unknown profile {slug!r}; available to you: {[p.slug for p in visible]}"
+            )
+        if profile not in visible:
+            groups = ", ".join(sorted(profile.groups))
+            raise web.HTTPError(
+                403,
+                f"Profile {slug!r} is restricted to group(s) {groups}; "
+                f"user {self.user.name!r} is not a member",
+            )
+        return profile
+
+    # -- allocation ----------------------------------------------------------------------------
+
+    def _live_allocation_ids(self) -> set[str]:
+        """Allocation ids of every server JupyterHub's database says is running or starting."""
+        from jupyterhub import orm
+        from sqlalchemy import inspect
+
+        db = inspect(self.orm_spawner).session if self.orm_spawner is not None else None
+        if db is None:
+            return {self.allocation_id}
+        ids = set()
+        for orm_spawner in db.query(orm.Spawner).filter(orm.Spawner.server != None):  # noqa: E711
+            ids.add(
+                self.allocation_id_template.format(
+                    username=orm_spawner.user.name, servername=orm_spawner.name
+                )
+            )
+        ids.add(self.allocation_id)
+        return ids
+
+    async def gpulab_allocate(self, profile: Profile) -> Placement:
+        """Place this server's request; waits up to queue_timeout_seconds when nothing fits."""
+        capacity = self.gpu_capacity
+        capacity.reconcile(self._live_allocation_ids())
+        request = capacity.request_for(
+            profile, allocation_id=self.allocation_id, owner=self.user.name, groups=self.user_groups
+        )
+        # A server that is starting holds nothing: an allocation under its id is a leftover
+        # (e.g. of a spawn the hub did not see fail) and is released before placing anew.
+        if capacity.allocator.get(request.id) is not None:
+            self.log.warning("Releasing stale GPU allocation %s before spawning", request.id)
+            await capacity.release(request.id)
+        deadline = time.monotonic() + self.queue_timeout_seconds
+        while True:
+            try:
+                placement = await capacity.place(request)
+                break
+            except NoCapacity as e:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise web.HTTPError(
+                        409, f"Profile {profile.display_name!r} cannot start now: {e.reason}"
+                    ) from None
+                self._gpulab_progress = f"Waiting for {profile.gpu_label}: {e.reason}"
+                with capacity.waiting(profile.slug):
+                    await capacity.wait_for_release(timeout=min(remaining, 5.0))
+            except (InvalidRequest, QuotaExceeded, AlreadyAllocated) as e:
+                raise web.HTTPError(_status_for(e), e.reason) from None
+        self.gpulab_placement = placement
+        self.log.info(
+            "GPU allocation %s (profile %s) -> %s %s",
+            request.id,
+            profile.slug,
+            placement.node,
+            [(s.uuid, s.milli) for s in placement.gpus],
+        )
+        return placement
+
+    async def gpulab_release(self) -> None:
+        released = await self.gpu_capacity.release(self.allocation_id)
+        self.gpulab_placement = None
+        if released is not None:
+            self.log.info("Released GPU allocation %s", self.allocation_id)
+
+    def assigned_gpus(self, placement: Placement) -> list[AssignedGPU]:
+        capacity = self.gpu_capacity
+        out = []
+        for share in placement.gpus:
+            gpu = capacity.gpu_by_uuid(share.uuid)
+            out.append(AssignedGPU(share.uuid, gpu.model, gpu.memory_mib, share.milli))
+        return out
+
+    def restore_placement(self) -> None:
+        """After a hub restart, pick our placement back up from the allocator's store."""
+        self.gpulab_placement = self.gpu_capacity.allocator.get(self.allocation_id)
+
+    async def gpulab_progress(self) -> AsyncIterator[dict[str, Any]]:
+        last = None
+        while self._spawn_pending:
+            message = getattr(self, "_gpulab_progress", None)
+            if message and message != last:
+                last = message
+                yield {"progress": 10, "message": message}
+            await asyncio.sleep(1)

@@ -1,0 +1,209 @@
+"""gpulab's local spawners: JupyterHub's local-process spawners plus GPU profiles and allocation.
+
+`GPULocalSpawner` runs each server as its user's system account (LocalProcessSpawner);
+`GPUSimpleLocalSpawner` runs every server as the hub's account with a home per user, the
+single-account default of an embedded install on one workstation or GPU server.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+from gpulab.spawner.environment import (
+    AssignedGPU,
+    Enforcement,
+    enforcement_for,
+    gpu_environment,
+    with_caps_hook,
+)
+from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
+from gpulab.spawner.watchdog import (
+    GPUMemoryWatchdog,
+    NvmlProcessMemory,
+    ProcessMemorySource,
+    SimulatedProcessMemory,
+)
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from traitlets import Float, Unicode, default
+
+
+class GPULocalSpawnerMixin(GPUSpawnerMixin):
+    """Applies a placement to a local process: device visibility, MPS or framework caps, and the
+    memory watchdog."""
+
+    mps_pipe_directory = Unicode(
+        "",
+        config=True,
+        help="""CUDA_MPS_PIPE_DIRECTORY of a running MPS control daemon
+        (`nvidia-cuda-mps-control -d`). When set, fractional GPU shares are enforced by MPS
+        (memory and SM limits set by the driver); otherwise by framework caps (cooperative).""",
+    )
+    mps_log_directory = Unicode("", config=True, help="CUDA_MPS_LOG_DIRECTORY of the MPS daemon.")
+
+    watchdog_interval_seconds = Float(
+        5.0, config=True, help="How often the GPU memory watchdog samples per-process memory."
+    )
+    watchdog_grace_seconds = Float(
+        60.0,
+        config=True,
+        help="""How long a server may stay over its GPU share after the watchdog warned before it is
+        stopped (its GPU share is then released).""",
+    )
+    simulated_gpu_processes_file = Unicode(
+        "",
+        config=True,
+        help="""SIMULATED GPU process memory for machines without a GPU (tests and demos): a JSON
+        file {gpu_uuid: {pid: MiB}} the watchdog reads instead of NVML. Leave empty in production.""",
+    )
+
+    _watchdogs: ClassVar[dict[tuple[str, float, float], GPUMemoryWatchdog]] = {}
+
+    @default("options_form")
+    def _default_options_form(self) -> Any:
+        return self.gpulab_options_form
+
+    @default("options_from_form")
+    def _default_options_from_form(self) -> Any:
+        return self.options_from_form_profile
+
+    def options_from_form_profile(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        return GPUSpawnerMixin.options_from_form(self, formdata)
+
+    def describe_enforcement(self, gpus: list[AssignedGPU]) -> Enforcement:
+        return enforcement_for(gpus, mps_available=bool(self.mps_pipe_directory))
+
+    # -- watchdog ------------------------------------------------------------------------------
+
+    def _memory_source(self) -> ProcessMemorySource:
+        if self.simulated_gpu_processes_file:
+            return SimulatedProcessMemory(self.simulated_gpu_processes_file)
+        return NvmlProcessMemory()
+
+    @property
+    def watchdog(self) -> GPUMemoryWatchdog:
+        key = (
+            self.simulated_gpu_processes_file,
+            self.watchdog_interval_seconds,
+            self.watchdog_grace_seconds,
+        )
+        if key not in self._watchdogs:
+            self._watchdogs[key] = GPUMemoryWatchdog(
+                self._memory_source(),
+                interval_seconds=self.watchdog_interval_seconds,
+                grace_seconds=self.watchdog_grace_seconds,
+                log=self.log,
+            )
+        return self._watchdogs[key]
+
+    def _start_watchdog(self) -> None:
+        placement = self.gpulab_placement
+        if placement is None or not self.pid or all(s.milli == 1000 for s in placement.gpus):
+            return  # whole GPUs are exclusive; CPU-only servers hold no GPU
+        if self.gpu_capacity.inventory_is_declared and not self.simulated_gpu_processes_file:
+            return  # no driver, nothing to sample
+        limits = {g.uuid: g.memory_limit_mib for g in self.assigned_gpus(placement)}
+        self.watchdog.watch(self.allocation_id, self.pid, limits, self._on_over_share)
+
+    async def _on_over_share(self, stage: str, message: str) -> None:
+        self.gpu_capacity.record_event(self.allocation_id, stage, message)
+        if stage == "stop":
+            await self.stop()
+
+    # -- spawner lifecycle ---------------------------------------------------------------------
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        placement = self.gpulab_placement
+        gpus = self.assigned_gpus(placement) if placement else []
+        gpu_env, enforcement = gpu_environment(
+            gpus,
+            mps_pipe_directory=self.mps_pipe_directory,
+            mps_log_directory=self.mps_log_directory,
+        )
+        env.update(gpu_env)
+        if gpu_env.get("GPULAB_CAPS_HOOK"):
+            env["PYTHONPATH"] = with_caps_hook(env.get("PYTHONPATH"))
+        if self.gpulab_profile is not None:
+            env["GPULAB_PROFILE"] = self.gpulab_profile.slug
+        self.gpulab_enforcement = enforcement
+        return env
+
+    async def start(self) -> Any:
+        # apply_user_options resolved it already; resolve again when called outside a hub spawn
+        profile = self.gpulab_profile or self.resolve_profile(self.user_options)
+        self.gpulab_profile = profile
+        if profile.mem_limit_mib:
+            self.mem_limit = profile.mem_limit_mib * 1024 * 1024
+        if profile.cpu_limit:
+            self.cpu_limit = profile.cpu_limit
+        await self.gpulab_allocate(profile)
+        try:
+            url = await super().start()
+        except BaseException:
+            await self.gpulab_release()
+            raise
+        self._start_watchdog()
+        return url
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)
+        finally:
+            self.watchdog.unwatch(self.allocation_id)
+            await self.gpulab_release()
+
+    async def poll(self) -> int | None:
+        status = await super().poll()
+        if status is None and not self.watchdog.is_watching(self.allocation_id):
+            # resumed after a hub restart: pick up the persisted placement and watch it again
+            if self.gpulab_placement is None:
+                self.restore_placement()
+            self._start_watchdog()
+        return status
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.gpulab_placement is not None:
+            state["gpulab_allocation"] = self.allocation_id
+        if self.gpulab_profile is not None:
+            state["gpulab_profile"] = self.gpulab_profile.slug
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        if state.get("gpulab_allocation"):
+            self.restore_placement()
+        slug = state.get("gpulab_profile")
+        if slug:
+            self.gpulab_profile = self.gpu_capacity.profile(slug)
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.gpulab_profile = None
+
+    async def progress(self) -> Any:
+        async for event in self.gpulab_progress():
+            yield event
+
+
+class GPULocalSpawner(GPULocalSpawnerMixin, LocalProcessSpawner):
+    """Each server runs as its user's system account, with a whole or fractional GPU."""
+
+
+class GPUSimpleLocalSpawner(GPULocalSpawnerMixin, SimpleLocalProcessSpawner):
+    """Every server runs as the hub's own account, with a home directory per user: the embedded
+    single-account default. Users are not isolated from each other at the OS level; use
+    GPULocalSpawner (system users) or GPUKubeSpawner where that matters."""
+
+    @default("home_dir_template")
+    def _default_home_dir_template(self) -> str:
+        return os.path.join(os.getcwd(), "homes", "{username}")
+
+    def get_args(self) -> list[str]:
+        args = list(super().get_args())
+        if os.geteuid() == 0 and "--allow-root" not in args:
+            # every server runs as the hub's account; when that is root (containers, CI), Jupyter
+            # Server refuses to start without this flag
+            args.append("--allow-root")
+        return args
