@@ -12,9 +12,24 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.handlers import gpulab_handlers
+from gpulab.hub.inventory import InventoryError
+from gpulab.hub.profiles import ProfileError
+from jupyterhub.handlers.login import LoginHandler as HubLoginHandler
 from nativeauthenticator import NativeAuthenticator
-from traitlets import Unicode, default
+from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
+from traitlets import TraitError, Unicode, default
+
+
+class GPULabLoginHandler(NativeLoginHandler):
+    """NativeAuthenticator's login page with JupyterHub 6's login flow: its own POST handler uses
+    the removed `statsd` attribute, and JupyterHub now passes extra template arguments."""
+
+    def _render(self, login_error: str | None = None, username: str | None = None, **_: Any) -> Any:
+        return NativeLoginHandler._render(self, login_error=login_error, username=username)
+
+    post = HubLoginHandler.post
 
 
 class GPULabAuthenticator(NativeAuthenticator):
@@ -41,6 +56,17 @@ class GPULabAuthenticator(NativeAuthenticator):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ensure_initial_admin()
+        self.check_gpu_configuration()
+
+    def check_gpu_configuration(self) -> None:
+        """Load the GPU inventory, catalog and quotas at hub start, so that a configuration
+        mistake stops the hub with a message naming the option instead of failing the first
+        spawn."""
+        try:
+            GPUCapacity.instance(config=self.config, log=self.log)
+        except (ProfileError, InventoryError, TraitError, ValueError) as e:
+            self.log.critical("gpulab configuration error: %s", e)
+            raise SystemExit(1) from None
 
     def ensure_initial_admin(self) -> None:
         if not self.initial_admin or self.user_exists(self.initial_admin):
@@ -65,4 +91,8 @@ class GPULabAuthenticator(NativeAuthenticator):
         )
 
     def get_handlers(self, app: Any) -> list[Any]:
-        return super().get_handlers(app) + gpulab_handlers
+        handlers = [
+            (route, GPULabLoginHandler if route == r"/login" else handler)
+            for route, handler in super().get_handlers(app)
+        ]
+        return handlers + gpulab_handlers

@@ -225,7 +225,9 @@ class GPUSpawnerMixin(Configurable):
                 self._gpulab_progress = f"Waiting for {profile.gpu_label}: {e.reason}"
                 with capacity.waiting(profile.slug):
                     await capacity.wait_for_release(timeout=min(remaining, 5.0))
-            except (InvalidRequest, QuotaExceeded, AlreadyAllocated) as e:
+            except QuotaExceeded as e:
+                raise web.HTTPError(403, f"GPU quota exceeded: {e.reason}") from None
+            except (InvalidRequest, AlreadyAllocated) as e:
                 raise web.HTTPError(_status_for(e), e.reason) from None
         self.gpulab_placement = placement
         self.log.info(

@@ -154,8 +154,14 @@ class GPULocalSpawnerMixin(GPUSpawnerMixin):
             await self.gpulab_release()
 
     async def poll(self) -> int | None:
+        had_process = bool(self.pid)
         status = await super().poll()
-        if status is None and not self.watchdog.is_watching(self.allocation_id):
+        if status is not None and had_process:
+            # crashed or exited by itself: JupyterHub will not call stop() for a server that is
+            # already gone, so its share is released here
+            self.watchdog.unwatch(self.allocation_id)
+            await self.gpulab_release()
+        elif status is None and not self.watchdog.is_watching(self.allocation_id):
             # resumed after a hub restart: pick up the persisted placement and watch it again
             if self.gpulab_placement is None:
                 self.restore_placement()

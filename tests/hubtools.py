@@ -204,6 +204,24 @@ class Hub:
             time.sleep(0.3)
         raise TimeoutError(f"server {user}/{server} did not stop")
 
+    def login(self, username: str, password: str) -> httpx.Client:
+        """A browser-like session: the login form, cookies and the _xsrf token."""
+        session = httpx.Client(base_url=self.url, timeout=30, follow_redirects=True)
+        session.get("/hub/login")
+        r = session.post(
+            "/hub/login",
+            data={
+                "username": username,
+                "password": password,
+                "_xsrf": session.cookies.get("_xsrf", ""),
+            },
+        )
+        assert r.status_code == 200 and "/hub/login" not in str(r.url), (r.url, r.text[-2000:])
+        return session
+
+    def admin_password(self) -> str:
+        return (self.state_dir / "initial-admin-password").read_text().strip()
+
     def capacity(self) -> dict[str, dict[str, Any]]:
         r = self.api("GET", "/gpulab/capacity")
         assert r.status_code == 200, r.text

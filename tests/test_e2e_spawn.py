@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from tests.hubtools import run_in_kernel
@@ -41,3 +45,94 @@ async def test_fractional_profile_gets_its_gpu_by_uuid_and_capacity_drops(make_h
         "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['GPULAB_PROFILE'])",
     )
     assert out.split() == [uuid, "gpu-quarter"]
+
+
+def test_whole_gpus_are_exclusive_and_cpu_only_hides_gpus(make_hub):
+    hub = make_hub(TWO_A100)
+    hub.create_user("alice")
+    hub.create_user("bob")
+    hub.start_server("alice", profile="gpu-1")
+    hub.start_server("bob", profile="gpu-1")
+    allocs = hub.allocations()
+    uuids = {a["gpus"][0]["uuid"] for a in allocs.values()}
+    assert len(uuids) == 2, allocs  # one GPU each, never the same one twice
+    assert hub.server_env("alice")["CUDA_VISIBLE_DEVICES"] in uuids
+    assert hub.server_env("alice")["GPULAB_GPU_ENFORCEMENT"] == "exclusive"
+    assert hub.capacity()["gpu-1"]["label"] == "1 GPU - none free"
+
+    hub.create_user("carol")
+    hub.start_server("carol", profile="cpu")
+    env = hub.server_env("carol")
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_request_that_does_not_fit_is_refused_with_409_and_nothing_leaks(make_hub):
+    hub = make_hub("c.GPUCapacity.declared_inventory = '1 x A100-SXM4-80GB'\n")
+    hub.create_user("alice")
+    hub.create_user("bob")
+    hub.start_server("alice", profile="gpu-half")
+    r = hub.spawn("bob", profile="gpu-1")
+    assert r.status_code == 409, r.text
+    message = r.json()["message"]
+    assert "'1 GPU' cannot start now" in message
+    assert hub.server_model("bob") is None
+    assert set(hub.allocations()) == {"alice/"}
+    # the half that is left still fits
+    hub.start_server("bob", profile="gpu-half")
+    assert hub.capacity()["gpu-eighth"]["free"] == 0
+
+
+def test_named_servers_each_hold_their_own_share(make_hub):
+    hub = make_hub(TWO_A100)
+    hub.create_user("alice")
+    hub.start_server("alice", "train", profile="gpu-half")
+    hub.start_server("alice", "explore", profile="gpu-eighth")
+    allocs = hub.allocations()
+    assert {a: [g["milli"] for g in v["gpus"]] for a, v in allocs.items()} == {
+        "alice/train": [500],
+        "alice/explore": [125],
+    }
+    assert hub.server_env("alice", "explore")["GPULAB_GPU_MEMORY_LIMIT_MIB"] == str(81920 // 8)
+    hub.stop_server("alice", "train")
+    assert set(hub.allocations()) == {"alice/explore"}
+
+
+def test_stopping_a_server_frees_its_share(make_hub):
+    hub = make_hub(TWO_A100)
+    hub.create_user("alice")
+    hub.start_server("alice", profile="gpu-2")
+    assert hub.capacity()["gpu-1"]["free"] == 0
+    hub.stop_server("alice")
+    assert hub.allocations() == {}
+    assert hub.capacity()["gpu-2"]["free"] == 1
+    assert hub.capacity()["gpu-quarter"]["free"] == 8
+
+
+def test_crashed_server_frees_its_share(make_hub):
+    hub = make_hub(TWO_A100)
+    hub.create_user("alice")
+    hub.start_server("alice", profile="gpu-1")
+    os.kill(hub.server_pid("alice"), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and hub.allocations():
+        time.sleep(0.3)
+    assert hub.allocations() == {}
+    assert hub.server_model("alice") is None
+    assert hub.capacity()["gpu-2"]["free"] == 1
+
+
+def test_picker_shows_live_capacity_and_declared_inventory(make_hub):
+    hub = make_hub(TWO_A100)
+    hub.create_user("alice")
+    hub.start_server("alice", "one", profile="gpu-1")
+    admin = hub.login("admin", hub.admin_password())
+    r = admin.get("/hub/spawn/alice/two")
+    assert r.status_code == 200, r.text
+    page = r.text
+    assert "declared: 2 x A100-SXM4-80GB" in page
+    assert 'name="profile" id="profile-gpu-quarter"' in page
+    assert "(1/4 GPU - 4 free)" in page
+    assert "(2 GPUs - none free)" in page
+    assert "Exclusive: these 2 GPUs are yours alone" in page
+    assert "cooperative caps" in page

@@ -1,0 +1,49 @@
+"""A hub with a broken GPU configuration refuses to start and says which option is wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize(
+    ("overlay", "message"),
+    [
+        (
+            "c.GPUCapacity.declared_inventory = '8 x A100-SXM9-1TB'\n",
+            "unknown GPU model 'A100-SXM9-1TB'",
+        ),
+        (
+            "c.GPUCapacity.declared_inventory = '2 x T4'\n"
+            "c.GPUCapacity.profiles = [{'slug': 'big', 'gpus': 1, 'gpu_model': 'H200'}]\n",
+            "gpu_model ['H200'] is not in the GPU inventory (available: ['T4'])",
+        ),
+        (
+            "c.GPUCapacity.profiles = [{'slug': 'neg', 'gpus': '-1/4'}]\n",
+            "profile 'neg': gpus: '-1/4' is negative",
+        ),
+        (
+            "c.GPUCapacity.profiles = [{'slug': 'odd', 'gpus': 0.3}]\n",
+            "profile 'odd': gpus: 0.3 is not a multiple of 1/8 GPU",
+        ),
+        (
+            "c.GPUCapacity.headroom_fraction = 1.5\n",
+            "GPUCapacity.headroom_fraction must be in [0, 1), not 1.5",
+        ),
+    ],
+    ids=[
+        "unknown-declared-model",
+        "profile-model-not-in-inventory",
+        "negative-fraction",
+        "not-eighths",
+        "headroom",
+    ],
+)
+def test_bad_gpu_config_stops_the_hub_with_a_message_naming_the_option(make_hub, overlay, message):
+    hub = make_hub(overlay, start=False)
+    hub.start(expect_failure=True)
+    assert hub.wait_exit() != 0
+    log = hub.log()
+    assert "gpulab configuration error" in log
+    assert message in log
