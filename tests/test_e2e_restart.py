@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -39,7 +40,7 @@ async def test_running_servers_and_allocations_survive_a_hub_restart(make_hub):
     # alice's server is still hers, reachable through the new proxy, on the same GPU
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and "bob/" in hub.allocations():
-        time.sleep(0.3)
+        await asyncio.sleep(0.3)
     after = hub.allocations()
     assert set(after) == {"alice/"}
     assert after["alice/"]["gpus"] == before["alice/"]["gpus"]

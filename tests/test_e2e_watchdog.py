@@ -1,0 +1,51 @@
+"""The GPU memory watchdog warns, then stops, a server that outgrows its fractional share.
+
+No GPU here: per-process GPU memory comes from a SIMULATED source (a JSON file the test writes,
+{uuid: {pid: MiB}}), read through the same watchdog code that reads NVML on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_server_over_its_share_is_warned_then_stopped_and_its_share_freed(make_hub, tmp_path):
+    processes = tmp_path / "simulated-gpu-processes.json"
+    hub = make_hub(
+        "c.GPUCapacity.declared_inventory = '1 x A100-SXM4-80GB'\n"
+        f"c.GPUSimpleLocalSpawner.simulated_gpu_processes_file = {str(processes)!r}\n"
+        "c.GPUSimpleLocalSpawner.watchdog_interval_seconds = 0.3\n"
+        "c.GPUSimpleLocalSpawner.watchdog_grace_seconds = 2\n"
+    )
+    hub.create_user("alice")
+    hub.create_user("bob")
+    hub.start_server("alice", profile="gpu-eighth")  # a 10240 MiB share
+    hub.start_server("bob", profile="gpu-eighth")
+    uuid = hub.allocations()["alice/"]["gpus"][0]["uuid"]
+    alice, bob = hub.server_pid("alice"), hub.server_pid("bob")
+
+    # within the share: nothing happens
+    processes.write_text(json.dumps({uuid: {str(alice): 9000, str(bob): 10000}}))
+    time.sleep(1.5)
+    assert hub.allocations()["alice/"]["events"] == []
+
+    # alice goes over: warned at once, stopped after the grace period; bob is untouched
+    processes.write_text(json.dumps({uuid: {str(alice): 30000, str(bob): 10000}}))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "alice/" in hub.allocations():
+        time.sleep(0.2)
+    assert "alice/" not in hub.allocations()
+    assert "bob/" in hub.allocations()
+    log = hub.log()
+    assert "alice/ is over its GPU share" in log and "30000 MiB used of a 10240 MiB share" in log
+    assert "alice/ stayed over its GPU share" in log
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and hub.server_model("alice") is not None:
+        time.sleep(0.2)
+    assert hub.server_model("alice") is None
+    assert hub.capacity()["gpu-eighth"]["free"] == 7  # all but bob's eighth
