@@ -12,14 +12,15 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from gpulab.hub.capacity import GPUCapacity
-from gpulab.hub.handlers import gpulab_handlers
-from gpulab.hub.inventory import InventoryError
-from gpulab.hub.profiles import ProfileError
 from jupyterhub.handlers.login import LoginHandler as HubLoginHandler
 from nativeauthenticator import NativeAuthenticator
 from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
 from traitlets import TraitError, Unicode, default
+
+from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.handlers import gpulab_handlers
+from gpulab.hub.inventory import InventoryError
+from gpulab.hub.profiles import ProfileError
 
 
 class GPULabLoginHandler(NativeLoginHandler):

@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from traitlets import Any as AnyTrait
+from traitlets import Bool, Dict, Float, List, Unicode, default, validate
+from traitlets.config import SingletonConfigurable
+
 from gpulab.hub import inventory as inv
 from gpulab.hub.allocator import (
     Allocator,
@@ -36,9 +40,6 @@ from gpulab.hub.profiles import (
     parse_gpus,
     parse_memory_mib,
 )
-from traitlets import Any as AnyTrait
-from traitlets import Bool, Dict, Float, List, Unicode, default, validate
-from traitlets.config import SingletonConfigurable
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulab.hub.capacity import GPUCapacity
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
+
+from gpulab.hub.capacity import GPUCapacity
 
 
 class _GPULabAPIHandler(APIHandler):

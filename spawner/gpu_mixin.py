@@ -11,6 +11,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from tornado import web
+from traitlets import Integer, Unicode, default
+from traitlets.config import Configurable
+
 from gpulab.hub.allocator import (
     AllocationError,
     AlreadyAllocated,
@@ -23,9 +27,6 @@ from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement, enforcement_for
 from gpulab.spawner.picker import PickerRow, render_picker
-from tornado import web
-from traitlets import Integer, Unicode, default
-from traitlets.config import Configurable
 
 _ALLOWED_OPTION_KEYS = {"profile"}
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from traitlets import Float, Unicode, default
+
 from gpulab.spawner.environment import (
     AssignedGPU,
     Enforcement,
@@ -24,8 +27,6 @@ from gpulab.spawner.watchdog import (
     ProcessMemorySource,
     SimulatedProcessMemory,
 )
-from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
-from traitlets import Float, Unicode, default
 
 
 class GPULocalSpawnerMixin(GPUSpawnerMixin):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpulab.hub.capacity import ProfileAvailability
 from jinja2 import Environment, select_autoescape
+
+from gpulab.hub.capacity import ProfileAvailability
 
 
 @dataclass(frozen=True)

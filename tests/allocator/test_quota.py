@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpulab.hub.allocator import Allocator, Quota, QuotaExceeded, Request
 
 
