@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import AlreadyAllocated, InvalidRequest, NoCapacity, StaleAllocations
@@ -75,6 +75,8 @@ class Allocator:
             if node.rack is not None:
                 self._rack_nodes.setdefault(node.rack, []).append(i)
         self.stale: list[StaleAllocation] = []
+        #: shape -> (free_epoch when it last failed, reason); valid until something is released
+        self._failed: dict[tuple[object, ...], tuple[int, str]] = {}
         for placement in self.store.load():
             reason = self._adopt(placement)
             if reason is not None:
@@ -126,7 +128,8 @@ class Allocator:
             unbounded = not (cpu or mem or num_gpu or milli)
             if unbounded:
                 return UNBOUNDED
-            for sig, group in state.groups.items():
+            for sid, group in state.groups.items():
+                sig = state.sigs[sid]
                 _, cpu_free, mem_free, gpus = sig
                 cls = state.node_class(sig)
                 allowed = [not models or m in models for m in cls.models]
@@ -165,7 +168,7 @@ class Allocator:
             over_quota = self._admit(request)
             choice = self._choose(request)
             if choice is None:
-                raise NoCapacity(self._explain(request))
+                raise NoCapacity(self._failure_reason(request))
             node, option = choice
             return self._commit(request, node, option, over_quota, [])
 
@@ -261,7 +264,23 @@ class Allocator:
             choice = self.policy.choose(self._state, shape, near)
             if choice is not None:
                 return choice
+        failed = self._failed.get(shape)
+        if failed is not None and failed[0] == self._state.free_epoch:
+            return None  # nothing was released since it last failed: it cannot fit now either
         return self.policy.choose(self._state, shape)
+
+    def _failure_reason(self, request: Request) -> str:
+        """Why ``request`` does not fit, remembered until resources are released again."""
+        shape = request.shape
+        epoch = self._state.free_epoch
+        failed = self._failed.get(shape)
+        if failed is not None and failed[0] == epoch:
+            return failed[1]
+        if len(self._failed) > 10_000:
+            self._failed.clear()
+        reason = self._explain(request)
+        self._failed[shape] = (epoch, reason)
+        return reason
 
     def _commit(
         self,
@@ -289,7 +308,7 @@ class Allocator:
             self._ledger.add(p, -1)
         state.apply(node, request.cpu_milli, request.memory_mib, shares, +1)
         self._remember(placement, node, shares)
-        self.policy.observe(state, shape)
+        self.policy.observe(request)
         return placement
 
     def _remember(self, placement: Placement, node: int, shares: list[tuple[int, int]]) -> None:
@@ -350,7 +369,7 @@ class Allocator:
             return None
         if request.preemptible:
             raise NoCapacity(
-                self._explain(request) + " Preemptible requests do not preempt others."
+                self._failure_reason(request) + " Preemptible requests do not preempt others."
             )
         now = self.clock()
         shape = request.shape
@@ -370,7 +389,7 @@ class Allocator:
                 best = (found[0], node, found[1])
         if best is None:
             raise NoCapacity(
-                self._explain(request) + " Preempting spot servers would not make room."
+                self._failure_reason(request) + " Preempting spot servers would not make room."
             )
         return best[1], best[2]
 
@@ -380,22 +399,22 @@ class Allocator:
         cpu, mem, num_gpu, milli, models, nvlink = request.shape
         kind = "|".join(sorted(models)) + " " if models else ""
         largest = 0
-        gpu_ok_nodes: list[int] = []
-        for i, node in enumerate(self.inventory.nodes):
-            free = state.gpu_free[i]
-            allowed = [j for j, g in enumerate(node.gpus) if not models or g.model in models]
+        gpu_ok = False
+        for sid in state.groups:
+            _, _, _, gpus = state.sigs[sid]
+            cls = state.classes[state.sigs[sid][0]]
+            allowed = [p for p, m in enumerate(cls.models) if not models or m in models]
             if num_gpu:
-                block = self._largest_block(i, allowed, nvlink)
+                block = self._largest_block(cls.nvlink, gpus, allowed, nvlink)
                 largest = max(largest, block)
-                ok = block >= num_gpu
+                gpu_ok = gpu_ok or block >= num_gpu
             elif milli:
-                share = max((free[j] for j in allowed), default=0)
+                share = max((gpus[p] for p in allowed), default=0)
                 largest = max(largest, share)
-                ok = share >= milli
+                gpu_ok = gpu_ok or share >= milli
             else:
-                ok = True
-            if ok:
-                gpu_ok_nodes.append(i)
+                gpu_ok = True
+        gpu_ok_nodes = [0] if gpu_ok else []
         if num_gpu and not gpu_ok_nodes:
             link = "NVLinked " if nvlink else ""
             return (
@@ -414,15 +433,16 @@ class Allocator:
             "Ask for less CPU or memory, or try later."
         )
 
-    def _largest_block(self, i: int, allowed: Collection[int], nvlink: bool) -> int:
-        free = self._state.gpu_free[i]
-        gpus = self.inventory.nodes[i].gpus
-        idle = [j for j in allowed if free[j] == MILLI]
+    @staticmethod
+    def _largest_block(
+        links: tuple[str | None, ...], gpus: tuple[int, ...], allowed: list[int], nvlink: bool
+    ) -> int:
+        idle = [p for p in allowed if gpus[p] == MILLI]
         if not nvlink:
             return len(idle)
         per: dict[str, int] = {}
-        for j in idle:
-            link = gpus[j].nvlink_group
+        for p in idle:
+            link = links[p]
             if link is not None:
                 per[link] = per.get(link, 0) + 1
         return max(per.values(), default=0)

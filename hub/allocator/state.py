@@ -44,6 +44,11 @@ class ClusterState:
         self.mem_free: list[int] = [n.memory_mib for n in nodes]
         self.gpu_free: list[list[int]] = [[MILLI] * len(n.gpus) for n in nodes]
         self.used_gpu_milli = 0
+        #: bumped whenever resources are given back (a shape that failed since cannot fit yet)
+        self.free_epoch = 0
+        #: largest node CPU and GPU capacity, the scale best-fit normalises by
+        self.max_cpu_milli = max((n.cpu_milli for n in nodes), default=0) or 1
+        self.max_gpu_milli = MILLI * max((len(n.gpus) for n in nodes), default=0) or MILLI
         self.classes: list[NodeClass] = []
         class_ids: dict[NodeClass, int] = {}
         self.class_of: list[int] = []
@@ -59,14 +64,88 @@ class ClusterState:
             self.class_of.append(class_ids[cls])
             for j, gpu in enumerate(node.gpus):
                 self.uuid_loc[gpu.uuid] = (i, j)
-        self.sig: list[Sig] = []
+        #: interned signatures: id -> signature (ids are stable until ``generation`` changes)
+        self.sigs: list[Sig] = []
+        self._sid: dict[Sig, int] = {}
+        self.generation = 0
+        self.node_sid: list[int] = []
         self.order: list[tuple[int, ...]] = []
-        self.groups: dict[Sig, set[int]] = {}
+        #: live signature id -> nodes in that state (insertion order: newest states last)
+        self.groups: dict[int, set[int]] = {}
+        #: GPU capability -> live signature ids (see ``cap_of``), to skip hopeless groups
+        self.cap_index: dict[int, dict[int, None]] = {}
         for i in range(len(nodes)):
             s, o = self._signature(i)
-            self.sig.append(s)
+            sid = self._intern(s)
+            self.node_sid.append(sid)
             self.order.append(o)
-            self.groups.setdefault(s, set()).add(i)
+            self._join(i, sid)
+
+    @staticmethod
+    def cap_of(gpus: tuple[int, ...]) -> int:
+        """``1000 + idle GPUs`` when some GPU is idle, else the largest free share (0..999)."""
+        idle = sum(1 for f in gpus if f == MILLI)
+        return MILLI + idle if idle else max(gpus, default=0)
+
+    def _join(self, i: int, sid: int) -> None:
+        members = self.groups.get(sid)
+        if members is None:
+            self.groups[sid] = {i}
+            self.cap_index.setdefault(self.cap_of(self.sigs[sid][3]), {})[sid] = None
+        else:
+            members.add(i)
+
+    def _leave(self, i: int, sid: int) -> None:
+        group = self.groups[sid]
+        group.discard(i)
+        if not group:
+            del self.groups[sid]
+            cap = self.cap_of(self.sigs[sid][3])
+            bucket = self.cap_index[cap]
+            del bucket[sid]
+            if not bucket:
+                del self.cap_index[cap]
+
+    def candidates(self, shape: Shape) -> list[int]:
+        """Live signature ids whose GPUs could host ``shape`` (CPU, memory, models unchecked)."""
+        if shape[2]:
+            need = MILLI + shape[2]
+        elif shape[3]:
+            need = shape[3]
+        else:
+            return list(self.groups)
+        out: list[int] = []
+        for cap, sids in self.cap_index.items():
+            if cap >= need:
+                out.extend(sids)
+        return out
+
+    #: interned signatures are renumbered past this many (policies drop their caches then)
+    intern_limit = 2_000_000
+
+    def _intern(self, sig: Sig) -> int:
+        sid = self._sid.get(sig)
+        if sid is None:
+            sid = len(self.sigs)
+            self.sigs.append(sig)
+            self._sid[sig] = sid
+        return sid
+
+    def _renumber(self) -> None:
+        live = {sid: self.sigs[sid] for sid in self.groups}
+        self.sigs = []
+        self._sid = {}
+        remap = {old: self._intern(sig) for old, sig in live.items()}
+        self.groups = {remap[old]: members for old, members in self.groups.items()}
+        self.cap_index = {
+            cap: {remap[old]: None for old in sids} for cap, sids in self.cap_index.items()
+        }
+        self.node_sid = [remap[sid] for sid in self.node_sid]
+        self.generation += 1
+
+    def sig(self, i: int) -> Sig:
+        """The current signature of node i."""
+        return self.sigs[self.node_sid[i]]
 
     # -- signatures -------------------------------------------------------------------------
 
@@ -87,15 +166,14 @@ class ClusterState:
         return (cid, cpu_free, mem_free, gpus), order
 
     def _refresh(self, i: int) -> None:
-        old = self.sig[i]
-        group = self.groups[old]
-        group.discard(i)
-        if not group:
-            del self.groups[old]
+        self._leave(i, self.node_sid[i])
+        if len(self.sigs) >= self.intern_limit:
+            self._renumber()
         s, o = self._signature(i)
-        self.sig[i] = s
+        sid = self._intern(s)
+        self.node_sid[i] = sid
         self.order[i] = o
-        self.groups.setdefault(s, set()).add(i)
+        self._join(i, sid)
 
     def node_class(self, sig: Sig) -> NodeClass:
         return self.classes[sig[0]]
@@ -116,6 +194,8 @@ class ClusterState:
         """Take (sign=+1) or give back (sign=-1) resources on node i; never goes negative."""
         if sign > 0 and not self.can_apply(i, cpu, mem, iter(shares)):
             raise AssertionError(f"over-commit on node {self.inventory.nodes[i].name}")
+        if sign < 0:
+            self.free_epoch += 1
         self.cpu_free[i] -= sign * cpu
         self.mem_free[i] -= sign * mem
         free = self.gpu_free[i]
@@ -180,6 +260,16 @@ class ClusterState:
             g.sort()
         return (cid, cpu_free - shape[0], mem_free - shape[1], tuple(g))
 
+    def fitting_positions(self, sig: Sig, shape: Shape) -> list[int]:
+        """Every GPU position (duplicates included) a fractional ``shape`` fits on."""
+        cls = self.classes[sig[0]]
+        models = shape[4]
+        return [
+            p
+            for p, f in enumerate(sig[3])
+            if f >= shape[3] and (not models or cls.models[p] in models)
+        ]
+
     def shares_for(self, i: int, shape: Shape, option: tuple[int, ...]) -> list[tuple[int, int]]:
         """Translate canonical positions into ``(gpu index, milli)`` shares on node i."""
         take = MILLI if shape[2] else shape[3]
@@ -189,4 +279,4 @@ class ClusterState:
     def fits_request(self, request: Request) -> bool:
         """Whether any node could take ``request`` right now."""
         shape = request.shape
-        return any(self.options(s, shape) for s in self.groups)
+        return any(self.options(self.sigs[sid], shape) for sid in self.groups)

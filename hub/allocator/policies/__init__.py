@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import Choice, Policy, ScoredPolicy
 from .best_fit import BestFit
+from .fgd import FGD
 from .first_fit import FirstFit
 from .random_fit import RandomFit
 
@@ -11,6 +12,7 @@ POLICIES: dict[str, type[Policy]] = {
     FirstFit.name: FirstFit,
     BestFit.name: BestFit,
     RandomFit.name: RandomFit,
+    FGD.name: FGD,
 }
 
 

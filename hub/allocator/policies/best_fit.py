@@ -1,4 +1,4 @@
-"""Best-fit: the node left with the least free resources (GPU first, then CPU and memory)."""
+"""Best-fit: the node left with the least free CPU and GPU after placement."""
 
 from __future__ import annotations
 
@@ -8,21 +8,20 @@ from .base import ScoredPolicy
 
 
 class BestFit(ScoredPolicy):
-    """Minimises the weighted share of the node left free after placement.
+    """The FGD paper's BestFit baseline, exact (no integer score buckets).
 
-    Like the FGD paper's BestFit baseline: the score is the sum over resources of the free share
-    after placement, GPU weighted highest, so the fullest node that still fits wins.
+    Cost = ½·free CPU / largest node CPU + ½·free GPU milli / largest node GPU milli, after
+    placement; the fullest node that still fits wins. On the node, a fraction
+    goes to the GPU with the least free share that fits (best-fit GPU selection).
     """
 
     name = "best-fit"
 
     def score(self, state: ClusterState, sig: Sig, shape: Shape, option: tuple[int, ...]) -> float:
-        cls = state.node_class(sig)
-        _, cpu_free, mem_free, gpus = state.after(sig, shape, option)
-        gpu_share = sum(gpus) / (MILLI * len(gpus)) if gpus else 1.0
-        cpu_share = cpu_free / cls.cpu_milli if cls.cpu_milli else 0.0
-        mem_share = mem_free / cls.memory_mib if cls.memory_mib else 0.0
-        # the chosen GPU's remaining share breaks ties between GPUs of one node
         take = MILLI if shape[2] else shape[3]
-        gpu_left = (sig[3][option[0]] - take) / MILLI if option else 0.0
-        return gpu_share + cpu_share + mem_share + 1e-3 * gpu_left
+        cpu_left = sig[1] - shape[0]
+        gpu_left = sum(sig[3]) - take * len(option)
+        cost = 0.5 * cpu_left / state.max_cpu_milli + 0.5 * gpu_left / state.max_gpu_milli
+        # within a node: the GPU left with the least free share (tiny weight, below any node gap)
+        own = (sig[3][option[0]] - take) / MILLI if option else 0.0
+        return cost + 1e-9 * own

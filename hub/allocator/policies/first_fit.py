@@ -17,9 +17,14 @@ class FirstFit(Policy):
         self, state: ClusterState, shape: Shape, nodes: Collection[int] | None = None
     ) -> Choice | None:
         best: Choice | None = None
-        pool = state.groups.items() if nodes is None else ((state.sig[i], {i}) for i in nodes)
-        for sig, group in pool:
-            options = state.options(sig, shape)
+        groups = state.groups
+        pool = (
+            ((sid, groups[sid]) for sid in state.candidates(shape))
+            if nodes is None
+            else ((state.node_sid[i], {i}) for i in nodes)
+        )
+        for sid, group in pool:
+            options = state.options(state.sigs[sid], shape)
             if not options:
                 continue
             node = min(group)

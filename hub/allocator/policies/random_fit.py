@@ -13,23 +13,45 @@ class RandomFit(Policy):
 
     name = "random"
 
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(seed)
+        self._cache: dict[Shape, dict[int, list[tuple[int, ...]]]] = {}
+        self._generation = 0
+
     def choose(
         self, state: ClusterState, shape: Shape, nodes: Collection[int] | None = None
     ) -> Choice | None:
-        feasible: list[tuple[list[tuple[int, ...]], list[int]]] = []
+        feasible: list[tuple[list[tuple[int, ...]], set[int]]] = []
         total = 0
-        pool = state.groups.items() if nodes is None else ((state.sig[i], {i}) for i in nodes)
-        for sig, group in pool:
-            options = state.options(sig, shape)
+        if state.generation != self._generation:
+            self._cache.clear()
+            self._generation = state.generation
+        per = self._cache.get(shape)
+        if per is None:
+            per = self._cache[shape] = {}
+        sigs = state.sigs
+        groups = state.groups
+        pool = (
+            ((sid, groups[sid]) for sid in state.candidates(shape))
+            if nodes is None
+            else ((state.node_sid[i], {i}) for i in nodes)
+        )
+        for sid, group in pool:
+            options = per.get(sid)
+            if options is None:
+                options = per[sid] = state.options(sigs[sid], shape)
             if options:
-                members = sorted(group)
-                feasible.append((options, members))
-                total += len(members)
+                feasible.append((options, group))
+                total += len(group)
         if not feasible:
             return None
         k = self.rng.randrange(total)
-        for options, members in feasible:
-            if k < len(members):
-                return members[k], options[self.rng.randrange(len(options))]
-            k -= len(members)
+        for options, group in feasible:
+            if k < len(group):
+                node = sorted(group)[k] if len(group) > 1 else next(iter(group))
+                if shape[3]:  # a fraction: uniform over the GPUs it fits on, like the paper
+                    positions = state.fitting_positions(state.sig(node), shape)
+                    return node, (positions[self.rng.randrange(len(positions))],)
+                return node, options[self.rng.randrange(len(options))]
+            k -= len(group)
         raise AssertionError("unreachable")

@@ -1,0 +1,1 @@
+"""gpulab benchmarks (run as modules, e.g. ``python -m bench.allocator``)."""
