@@ -3,7 +3,7 @@
 Started by `gpulab run` from a state directory (the hub's working directory: its database,
 cookie secret, allocations and users' homes live there). Environment knobs, all optional:
 GPULAB_IP / GPULAB_PORT (127.0.0.1:8000), GPULAB_DECLARED_INVENTORY (used when no NVIDIA driver
-answers; default '8 x A100-SXM4-80GB'), GPULAB_CONFIG (an extra config file loaded last, for an
+answers; default '8 x A100-SXM4-80GB'), GPULAB_CULL_IDLE_SECONDS (3600; 0: no culling), GPULAB_CONFIG (an extra config file loaded last, for an
 admin's own profiles, quotas and settings).
 """
 
@@ -42,6 +42,30 @@ c.Spawner.default_url = "/lab"
 c.Spawner.http_timeout = 60
 c.Spawner.start_timeout = 120
 c.Spawner.poll_interval = 10
+
+# Idle servers give their GPUs back: JupyterHub's idle culler stops servers without activity
+# (GPULAB_CULL_IDLE_SECONDS, default one hour; 0 turns culling off).
+cull_idle_seconds = int(os.environ.get("GPULAB_CULL_IDLE_SECONDS", "3600"))
+if cull_idle_seconds > 0:
+    c.JupyterHub.services = [
+        {
+            "name": "idle-culler",
+            "command": [
+                sys.executable,
+                "-m",
+                "jupyterhub_idle_culler",
+                f"--timeout={cull_idle_seconds}",
+                f"--cull-every={max(1, min(300, cull_idle_seconds // 2))}",
+            ],
+        }
+    ]
+    c.JupyterHub.load_roles = [
+        {
+            "name": "idle-culler",
+            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+            "services": ["idle-culler"],
+        }
+    ]
 
 c.GPUCapacity.declared_inventory = os.environ.get("GPULAB_DECLARED_INVENTORY", "8 x A100-SXM4-80GB")
 c.GPUCapacity.db_url = "sqlite:///gpulab-allocations.sqlite"

@@ -13,8 +13,14 @@ def make_hub(tmp_path: Path) -> Iterator[Callable[..., Hub]]:
     """Start real hubs with a config overlay; every hub and server is stopped at teardown."""
     hubs: list[Hub] = []
 
-    def make(overlay: str = "", *, start: bool = True, name: str = "hub") -> Hub:
-        hub = Hub(tmp_path / name, overlay)
+    def make(
+        overlay: str = "",
+        *,
+        start: bool = True,
+        name: str = "hub",
+        env: dict[str, str] | None = None,
+    ) -> Hub:
+        hub = Hub(tmp_path / name, overlay, env)
         hubs.append(hub)
         if start:
             hub.start()

@@ -51,7 +51,10 @@ def _pids_of_hub(api_port: int) -> list[int]:
 
 
 class Hub:
-    def __init__(self, state_dir: Path, overlay: str = "") -> None:
+    def __init__(
+        self, state_dir: Path, overlay: str = "", env: dict[str, str] | None = None
+    ) -> None:
+        self.extra_env = {"GPULAB_CULL_IDLE_SECONDS": "0", **(env or {})}
         self.state_dir = state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.port, self.hub_port, self.proxy_api_port = free_port(), free_port(), free_port()
@@ -60,10 +63,10 @@ class Hub:
         self.overlay_path = self.state_dir / "test_config.py"
         self.overlay_path.write_text(
             "c = get_config()  # noqa\n"
-            f"c.JupyterHub.services = [{{'name': 'gpulab-test', 'api_token': {self.token!r}}}]\n"
-            "c.JupyterHub.load_roles = [{'name': 'gpulab-test-admin', 'services': ['gpulab-test'],"
+            f"c.JupyterHub.services.append({{'name': 'gpulab-test', 'api_token': {self.token!r}}})\n"
+            "c.JupyterHub.load_roles.append({'name': 'gpulab-test-admin', 'services': ['gpulab-test'],"
             " 'scopes': ['admin:users', 'admin:servers', 'admin:server_state', 'access:servers',"
-            " 'admin:groups', 'read:hub', 'tokens']}]\n"
+            " 'admin:groups', 'read:hub', 'tokens']})\n"
             "c.Spawner.poll_interval = 1\n"
             "c.JupyterHub.last_activity_interval = 2\n"
             "c.GPUSimpleLocalSpawner.home_dir_template = "
@@ -89,6 +92,7 @@ class Hub:
             GPULAB_CONFIG=str(self.overlay_path),
             PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
         )
+        env.update(self.extra_env)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(BIN / "jupyterhub"), "-f", str(SHIPPED_CONFIG)],

@@ -136,3 +136,28 @@ def test_picker_shows_live_capacity_and_declared_inventory(make_hub):
     assert "(2 GPUs - none free)" in page
     assert "Exclusive: these 2 GPUs are yours alone" in page
     assert "cooperative caps" in page
+
+
+def test_idle_culler_stops_an_idle_server_and_frees_its_share(make_hub):
+    hub = make_hub(TWO_A100, env={"GPULAB_CULL_IDLE_SECONDS": "4"})
+    hub.create_user("alice")
+    hub.start_server("alice", profile="gpu-half")
+    assert "alice/" in hub.allocations()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and hub.server_model("alice") is not None:
+        time.sleep(0.5)
+    assert hub.server_model("alice") is None
+    assert hub.allocations() == {}
+    assert "Culling server alice (inactive for" in hub.log()
+
+
+def test_profile_cpu_and_memory_limits_reach_the_server(make_hub):
+    hub = make_hub(
+        TWO_A100
+        + "c.GPUCapacity.profiles = [{'slug': 'small', 'gpus': '1/8', 'cpu_limit': 1, 'mem_limit': '2G'}]\n"
+    )
+    hub.create_user("alice")
+    hub.start_server("alice", profile="small")
+    env = hub.server_env("alice")
+    assert env["MEM_LIMIT"] == str(2 * 1024**3)
+    assert env["CPU_LIMIT"] == "1.0"
