@@ -18,7 +18,7 @@ from .store import AllocationStore, MemoryStore, SQLiteStore
 from .units import fmt_gpus
 
 #: The policy used when none is named.
-DEFAULT_POLICY = "best-fit"
+DEFAULT_POLICY = "gpulab"
 #: What ``capacity`` returns for a request that asks for nothing.
 UNBOUNDED = sys.maxsize
 

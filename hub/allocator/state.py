@@ -48,6 +48,7 @@ class ClusterState:
         self.free_epoch = 0
         #: largest node CPU and GPU capacity, the scale best-fit normalises by
         self.max_cpu_milli = max((n.cpu_milli for n in nodes), default=0) or 1
+        self.max_mem_mib = max((n.memory_mib for n in nodes), default=0) or 1
         self.max_gpu_milli = MILLI * max((len(n.gpus) for n in nodes), default=0) or MILLI
         self.classes: list[NodeClass] = []
         class_ids: dict[NodeClass, int] = {}

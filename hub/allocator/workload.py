@@ -25,33 +25,42 @@ class TaskType:
         return self.num_gpu > 0
 
 
-def task_key(r: Request) -> tuple[int, int, int, frozenset[str]]:
-    """(cpu, GPUs needed, milli per GPU, models): FGD's pod resource key (memory is ignored)."""
+TaskKey = tuple[int, int, int, int, frozenset[str]]
+
+
+def task_key(r: Request, with_memory: bool = False) -> TaskKey:
+    """(cpu, memory, GPUs needed, milli per GPU, models) of a request.
+
+    The FGD paper's pod resource key leaves memory out (``with_memory=False`` gives 0 there).
+    """
+    mem = r.memory_mib if with_memory else 0
     if r.gpu_milli:
-        return (r.cpu_milli, 1, r.gpu_milli, r.gpu_models)
+        return (r.cpu_milli, mem, 1, r.gpu_milli, r.gpu_models)
     if r.num_gpu:
-        return (r.cpu_milli, r.num_gpu, MILLI, r.gpu_models)
-    return (r.cpu_milli, 0, 0, frozenset())
+        return (r.cpu_milli, mem, r.num_gpu, MILLI, r.gpu_models)
+    return (r.cpu_milli, mem, 0, 0, frozenset())
 
 
-def typical_tasks(requests: Iterable[Request], popularity: float = 0.95) -> tuple[TaskType, ...]:
+def typical_tasks(
+    requests: Iterable[Request], popularity: float = 0.95, with_memory: bool = False
+) -> tuple[TaskType, ...]:
     """The most common task kinds covering ``popularity`` of ``requests``, weights renormalised.
 
     As the FGD paper: kinds sorted by count (descending), added one at a time until their
     cumulative share reaches ``popularity``; CPU-only tasks are included.
     """
-    counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    counts: Counter[TaskKey] = Counter()
     for r in requests:
-        counts[task_key(r)] += 1
+        counts[task_key(r, with_memory)] += 1
     total = sum(counts.values())
     if not total:
         return ()
     ranked = sorted(
         counts.items(),
-        key=lambda kv: (kv[1], kv[0][0], kv[0][2], kv[0][1], sorted(kv[0][3])),
+        key=lambda kv: (kv[1], kv[0][0], kv[0][3], kv[0][2], kv[0][1], sorted(kv[0][4])),
         reverse=True,
     )
-    chosen: list[tuple[tuple[int, int, int, frozenset[str]], int]] = []
+    chosen: list[tuple[TaskKey, int]] = []
     cum = 0
     for key, n in ranked:
         if cum >= popularity * total:
@@ -59,5 +68,6 @@ def typical_tasks(requests: Iterable[Request], popularity: float = 0.95) -> tupl
         chosen.append((key, n))
         cum += n
     return tuple(
-        TaskType(cpu, 0, num, milli, models, n / cum) for (cpu, num, milli, models), n in chosen
+        TaskType(cpu, mem, num, milli, models, n / cum)
+        for (cpu, mem, num, milli, models), n in chosen
     )

@@ -6,6 +6,7 @@ from .base import Choice, Policy, ScoredPolicy
 from .best_fit import BestFit
 from .fgd import FGD
 from .first_fit import FirstFit
+from .gpulab import GpulabPolicy
 from .random_fit import RandomFit
 
 POLICIES: dict[str, type[Policy]] = {
@@ -13,6 +14,7 @@ POLICIES: dict[str, type[Policy]] = {
     BestFit.name: BestFit,
     RandomFit.name: RandomFit,
     FGD.name: FGD,
+    GpulabPolicy.name: GpulabPolicy,
 }
 
 
@@ -31,6 +33,7 @@ __all__ = [
     "BestFit",
     "Choice",
     "FirstFit",
+    "GpulabPolicy",
     "Policy",
     "RandomFit",
     "ScoredPolicy",

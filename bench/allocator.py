@@ -1,0 +1,189 @@
+"""Benchmark gpulab's allocator on the openb trace against the FGD paper's published results.
+
+    .venv/bin/python -m bench.allocator            # 10 seeds, as the paper
+    .venv/bin/python -m bench.allocator --quick    # 3 seeds, fewer ILP instances
+
+Prints one table; the last line is machine-readable:
+``default=<x> gpushare40=<x> multigpu50=<x> gpuspec33=<x> bestfit_default=<x> p99_ms=<x>``.
+Method: see ``bench/_openb.py`` (sampling, measurement) and ``bench/_ilp.py`` (optimality).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from gpulab.hub.allocator import DEFAULT_POLICY, Inventory, Policy, get_policy
+from gpulab.hub.allocator.openb import TracePod, load_openb_nodes
+from gpulab.hub.allocator.policies import FGD, GpulabPolicy
+from gpulab.hub.allocator.workload import TaskType, typical_tasks
+
+from . import _ilp
+from ._openb import SEEDS, WORKLOADS, node_csv, pods_of, published_mean, sample_pods
+from ._sim import Run, replay
+
+CALIBRATION_TOLERANCE = 1.0
+
+
+def workload_tasks(pods: Sequence[TracePod], with_memory: bool) -> tuple[TaskType, ...]:
+    """The target workload of a trace (FGD's typical pods), from every pod of the trace."""
+    return typical_tasks(
+        [p.to_request(f"t{i}") for i, p in enumerate(pods)], with_memory=with_memory
+    )
+
+
+def make_policy(name: str, pods: Sequence[TracePod], seed: int) -> Callable[[], Policy]:
+    if name == GpulabPolicy.name:
+        tasks = workload_tasks(pods, with_memory=True)
+        return lambda: GpulabPolicy(seed=seed, workload=tasks)
+    if name == FGD.name:
+        tasks = workload_tasks(pods, with_memory=False)
+        return lambda: FGD(seed=seed, workload=tasks)
+    return lambda: get_policy(name, seed)
+
+
+def run_policy(inv: Inventory, workload: str, policy: str, seeds: Sequence[int]) -> list[Run]:
+    pods = pods_of(workload)
+    runs = []
+    for seed in seeds:
+        seq = sample_pods(pods, inv.total_gpu_milli, seed)
+        runs.append(replay(inv, seq, make_policy(policy, pods, seed), seed))
+    return runs
+
+
+def mean_at_100(runs: Sequence[Run]) -> float:
+    return round(statistics.fmean(r.curve.at(100) for r in runs), 2)
+
+
+def percentile(sorted_values: Sequence[int], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return float(sorted_values[k])
+
+
+def optimality(
+    inv_nodes: Sequence[object], instances: int, time_limit: float, policy: str
+) -> list[tuple[float, float, float, bool]]:
+    """(online gpulab milli, ILP objective, ILP bound, proven optimal) per small instance."""
+    pods = pods_of("default")
+    out = []
+    for k in range(instances):
+        inv, seq = _ilp.sample_instance(inv_nodes, pods, 50, 1000 + k)  # type: ignore[arg-type]
+        run = replay(inv, seq, make_policy(policy, pods, k), k, stop_percent=1e9)
+        online = run.curve.used[-1] if run.curve.used else 0
+        res = _ilp.solve(inv, seq, time_limit, start=run.allocator)
+        out.append((float(online), res.objective, res.bound, res.optimal, len(seq)))
+    return out  # type: ignore[return-value]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3 seeds and 2 ILP instances (< 1 min)")
+    ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default 10, quick 3)")
+    ap.add_argument(
+        "--policy", default=DEFAULT_POLICY, help=f"policy to evaluate (default {DEFAULT_POLICY})"
+    )
+    ap.add_argument("--fgd", action="store_true", help="also run gpulab's replica of FGD")
+    ap.add_argument(
+        "--ilp", type=int, default=None, help="ILP instances (default 5, quick 2; 0 = skip)"
+    )
+    ap.add_argument("--ilp-seconds", type=float, default=None, help="HiGHS time limit per instance")
+    args = ap.parse_args(argv)
+    n_seeds = args.seeds or (3 if args.quick else len(SEEDS))
+    seeds = SEEDS[:n_seeds]
+    n_ilp = args.ilp if args.ilp is not None else (2 if args.quick else 5)
+    ilp_seconds = args.ilp_seconds or (5.0 if args.quick else 30.0)
+
+    started = time.perf_counter()
+    nodes = load_openb_nodes(node_csv())
+    inv = Inventory(nodes)
+    gc.collect()
+    gc.freeze()  # the long-lived trace and inventory never need collecting
+    out = sys.stdout
+    out.write(
+        f"gpulab allocator on openb: {len(inv)} nodes, {inv.total_gpus} GPUs; seeds {seeds[0]}..{seeds[-1]} "
+        f"({n_seeds}); GPU allocation (% of GPU milli) at arrived demand = 100 %, mean over seeds\n\n"
+    )
+
+    # 1. calibration
+    calib = {
+        name: mean_at_100(run_policy(inv, "default", name, seeds))
+        for name in ("random", "best-fit")
+    }
+    pub = {
+        "random": published_mean("default", "random"),
+        "best-fit": published_mean("default", "best-fit"),
+    }
+    ok = all(abs(calib[k] - pub[k]) <= CALIBRATION_TOLERANCE for k in calib)
+    out.write("calibration on default      gpulab   published   diff\n")
+    for k in ("random", "best-fit"):
+        out.write(f"  {k:<24} {calib[k]:7.2f}   {pub[k]:9.2f}   {calib[k] - pub[k]:+5.2f}\n")
+    out.write(f"  -> {'PASS' if ok else 'FAIL'} (tolerance {CALIBRATION_TOLERANCE:.1f} point)\n\n")
+
+    # 2. best policy vs published FGD
+    results: dict[str, float] = {}
+    latencies: list[int] = []
+    placed_ns = 0
+    decisions = 0
+    fgd_ours: dict[str, float] = {}
+    header = f"{'workload':<12} {args.policy:>8} {'FGD pub':>8} {'diff':>6} {'BestFit pub':>12} {'FGD ours':>9}"
+    rows = []
+    for w in WORKLOADS:
+        runs = run_policy(inv, w, args.policy, seeds)
+        results[w] = mean_at_100(runs)
+        for r in runs:
+            latencies.extend(r.latencies_ns)
+            placed_ns += sum(r.latencies_ns)
+            decisions += len(r.latencies_ns)
+        if args.fgd:
+            fgd_ours[w] = mean_at_100(run_policy(inv, w, "fgd", seeds))
+        f_pub = published_mean(w, "fgd")
+        b_pub = published_mean(w, "best-fit")
+        ours_fgd = f"{fgd_ours[w]:9.2f}" if w in fgd_ours else f"{'-':>9}"
+        mark = "above" if results[w] > f_pub else "BELOW"
+        rows.append(
+            f"{w:<12} {results[w]:8.2f} {f_pub:8.2f} {results[w] - f_pub:+6.2f} {b_pub:12.2f} {ours_fgd}  {mark}\n"
+        )
+    out.write(header + "\n")
+    out.writelines(rows)
+    out.write("\n")
+
+    # 3. latency
+    latencies.sort()
+    p50 = percentile(latencies, 0.50) / 1e6
+    p99 = percentile(latencies, 0.99) / 1e6
+    rate = decisions / (placed_ns / 1e9) if placed_ns else float("nan")
+    out.write(
+        f"decision latency ({args.policy}, Allocator.place, {len(inv)} nodes, {decisions} decisions over all "
+        f"workloads, one core): p50 {p50:.3f} ms, p99 {p99:.3f} ms, {rate:,.0f} placements/s\n"
+    )
+
+    # 4. optimality
+    if n_ilp:
+        opt = optimality(nodes, n_ilp, ilp_seconds, args.policy)
+        gaps = [100 * (ilp - online) / ilp for online, ilp, _, _, _ in opt if ilp > 0]
+        bound_gaps = [100 * (bound - online) / bound for online, _, bound, _, _ in opt if bound > 0]
+        proven = sum(
+            1 for *_, optimal, _ in [(o[0], o[1], o[2], o[3], o[4]) for o in opt] if optimal
+        )
+        npods = statistics.fmean(o[4] for o in opt)
+        out.write(
+            f"optimality (HiGHS ILP, {n_ilp} instances of 50 nodes / ~{npods:.0f} pods, {ilp_seconds:.0f} s limit, "
+            f"{proven}/{n_ilp} proven optimal): {args.policy} online is {statistics.fmean(gaps):.2f} % below the "
+            f"offline optimum on average (max {max(gaps):.2f} %; vs proven bound {statistics.fmean(bound_gaps):.2f} %)\n"
+        )
+    out.write(f"({time.perf_counter() - started:.0f} s)\n")
+    out.write(
+        " ".join(f"{w}={results[w]:.2f}" for w in WORKLOADS)
+        + f" bestfit_default={calib['best-fit']:.2f} p99_ms={p99:.3f}\n"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""gpulab's default policy: FGD made aware of memory, model scarcity and packing, and fast.
+
+Score of a placement (lower wins), compared lexicographically:
+
+1. the FGD bucket of ``delta + beta * milli * pressure(model)``, where ``delta`` is the change
+   of expected fragmentation with CPU *and memory* modelled (tasks that cannot get their memory
+   strand GPUs just like tasks short of CPU), and ``pressure`` is how over-subscribed a GPU
+   model is by requests that can only run on it (constrained demand share / capacity share).
+   Unconstrained work thus stays off the models constrained work needs;
+2. best-fit (least free CPU and GPU left), so ties pack instead of spreading;
+3. inventory order.
+
+Latency: scores are cached per (shape, node signature); a query scores at most ``budget``
+signatures it has not seen (newest first, the nodes that just changed), more only when none
+of the scored ones fits. Frequent shapes are therefore always exact; rare ones may ignore a
+few nodes whose state changed since they were last asked about.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable
+
+from ..model import MILLI
+from ..state import ClusterState, Shape, Sig
+from ..workload import TaskType
+from .base import Choice, Scored
+from .fgd import FGD, bucket
+
+
+class GpulabPolicy(FGD):
+    """See the module docstring. ``beta`` weighs model scarcity; ``budget`` bounds latency."""
+
+    name = "gpulab"
+    with_memory = True
+
+    def __init__(
+        self,
+        seed: int | None = None,
+        workload: Iterable[TaskType] | None = None,
+        beta: float = 5.0,
+        budget: int = 48,
+        scale: float = 1000.0,
+        mem_weight: float = 0.0,
+        strand: float = 0.5,
+        strand_gpu: float = 1.0,
+    ) -> None:
+        self.strand_weight = strand
+        self.strand_gpu = strand_gpu
+        self.beta = beta
+        self.scale = scale
+        self.mem_weight = mem_weight
+        self.budget = budget
+        self._pressure: dict[str, float] | None = None
+        super().__init__(seed, workload)
+
+    def set_workload(self, workload: Iterable[TaskType]) -> None:
+        super().set_workload(workload)
+        self._pressure = None
+        tasks = self.model.tasks
+        gpu = sum(t.weight * t.num_gpu * t.milli_per_gpu for t in tasks)
+        #: expected CPU milli and memory MiB per milli-GPU of the workload
+        self.cpu_per_gpu = sum(t.weight * t.cpu_milli for t in tasks) / gpu if gpu else 0.0
+        self.mem_per_gpu = sum(t.weight * t.memory_mib for t in tasks) / gpu if gpu else 0.0
+
+    def stranded(self, cpu_free: int, mem_free: int, gpus: tuple[int, ...]) -> float:
+        """Free GPU milli the node's free CPU or memory cannot feed at the workload's ratios."""
+        gpu = sum(gpus)
+        if not gpu or not self.cpu_per_gpu:
+            return 0.0
+        fed = cpu_free / self.cpu_per_gpu
+        if self.mem_per_gpu:
+            fed = min(fed, mem_free / self.mem_per_gpu)
+        return max(0.0, gpu - fed)
+
+    def pressure(self, state: ClusterState) -> dict[str, float]:
+        """Per model: share of constrained GPU demand over share of GPU capacity."""
+        if self._pressure is None:
+            cap: Counter[str] = Counter(g.model for n in state.inventory.nodes for g in n.gpus)
+            total_cap = sum(cap.values())
+            demand: dict[str, float] = dict.fromkeys(cap, 0.0)
+            total = 0.0
+            for t in self.model.tasks:
+                gpu = t.weight * t.num_gpu * t.milli_per_gpu
+                total += gpu
+                allowed = [m for m in t.models if m in cap]
+                for m in allowed:
+                    demand[m] += gpu / len(allowed)
+            self._pressure = {
+                m: (demand[m] / total) / (cap[m] / total_cap) if total else 0.0 for m in cap
+            }
+        return self._pressure
+
+    def score(self, state: ClusterState, sig: Sig, shape: Shape, option: tuple[int, ...]) -> float:
+        d = self.delta(state, sig, shape, option)
+        take = MILLI if shape[2] else shape[3]
+        w = self.strand_weight * (self.strand_gpu if option else 1.0)
+        if w:
+            after = state.after(sig, shape, option)
+            d += w * (
+                self.stranded(after[1], after[2], after[3]) - self.stranded(sig[1], sig[2], sig[3])
+            )
+        if option and self.beta:
+            model = state.classes[sig[0]].models[option[0]]
+            d += self.beta * take * len(option) * self.pressure(state).get(model, 0.0)
+        cpu_left = sig[1] - shape[0]
+        gpu_left = sum(sig[3]) - take * len(option)
+        fit = 0.5 * cpu_left / state.max_cpu_milli + 0.5 * gpu_left / state.max_gpu_milli
+        if self.mem_weight:
+            fit += self.mem_weight * (sig[2] - shape[1]) / state.max_mem_mib
+        own = (sig[3][option[0]] - take) / MILLI if option else 0.0
+        return -float(bucket(d, self.scale)) + 0.4 * fit + 1e-9 * own
+
+    def choose(
+        self, state: ClusterState, shape: Shape, nodes: Collection[int] | None = None
+    ) -> Choice | None:
+        if nodes is not None:
+            return self._choose_among(state, shape, nodes)
+        per = self.shape_cache(state, shape)
+        best_score = float("inf")
+        winners: list[tuple[int, tuple[int, ...]]] = []
+        misses: list[int] = []
+        r: Scored
+        for sid in state.candidates(shape):
+            if sid not in per:
+                misses.append(sid)
+                continue
+            r = per[sid]
+            if r is None:
+                continue
+            if r[0] < best_score:
+                best_score = r[0]
+                winners = [(sid, r[1])]
+            elif r[0] == best_score:
+                winners.append((sid, r[1]))
+        if misses:
+            misses.sort(reverse=True)  # newest signatures first
+            sigs = state.sigs
+            for k, sid in enumerate(misses):
+                if k >= self.budget and winners:
+                    break
+                r = per[sid] = self.evaluate(state, sigs[sid], shape)
+                self._cached += 1
+                if r is None:
+                    continue
+                if r[0] < best_score:
+                    best_score = r[0]
+                    winners = [(sid, r[1])]
+                elif r[0] == best_score:
+                    winners.append((sid, r[1]))
+        return self._pick(state, winners)
