@@ -47,12 +47,16 @@ class ProfileAvailability:
     profile: Profile
     free: int
     waiting: int
+    #: False when the profile cannot fit even on an idle machine (e.g. 8 GPUs on a 2-GPU box)
+    fits_inventory: bool = True
 
     @property
     def label(self) -> str:
         """'1/4 GPU - 11 free', '8 GPUs - none free, 2 waiting'."""
+        if not self.fits_inventory:
+            return f"{self.profile.gpu_label} - larger than any machine here"
         if self.profile.gpu == 0:
-            text = f"{self.profile.display_name}"
+            text = "no GPU"
         else:
             text = f"{self.profile.gpu_label} - " + (
                 f"{self.free} free" if self.free else "none free"
@@ -200,6 +204,7 @@ class GPUCapacity(SingletonConfigurable):
         self._waiting: Counter[str] = Counter()
         self._release_event: asyncio.Event | None = None
         self._events: dict[str, list[dict[str, Any]]] = {}
+        self._fits_idle: dict[str, bool] = {}
         node, self.inventory_label = self._discover()
         self.inventory = Inventory([node])
         self.catalog = self._load_catalog()
@@ -317,12 +322,24 @@ class GPUCapacity(SingletonConfigurable):
             nvlink=False,
         )
 
-    def availability(self, profile: Profile) -> ProfileAvailability:
-        probe = self.request_for(
+    def _probe(self, profile: Profile) -> Request:
+        return self.request_for(
             profile, allocation_id="capacity-probe", owner="", groups=frozenset()
         )
+
+    def fits_inventory(self, profile: Profile) -> bool:
+        """Whether the profile fits on this inventory when nothing else runs."""
+        if profile.slug not in self._fits_idle:
+            idle = Allocator(self.inventory, policy=self.placement_policy)
+            self._fits_idle[profile.slug] = idle.capacity(self._probe(profile)) > 0
+        return self._fits_idle[profile.slug]
+
+    def availability(self, profile: Profile) -> ProfileAvailability:
         return ProfileAvailability(
-            profile, self.allocator.capacity(probe), self._waiting[profile.slug]
+            profile,
+            self.allocator.capacity(self._probe(profile)),
+            self._waiting[profile.slug],
+            self.fits_inventory(profile),
         )
 
     def quota_summary(self, owner: str, groups: frozenset[str]) -> str | None:

@@ -110,10 +110,12 @@ class GPUSpawnerMixin(Configurable):
         previous = (self.user_options or {}).get("profile")
         default = previous if capacity.profile(str(previous)) else None
         default = default or next((p.slug for p in profiles if p.default), profiles[0].slug)
-        rows = [
-            PickerRow(capacity.availability(p), self.isolation_preview(p), p.slug == default)
-            for p in profiles
-        ]
+        rows = []
+        for p in profiles:
+            a = capacity.availability(p)
+            # a full profile stays selectable when spawns may wait in the queue for it
+            closed = not a.fits_inventory or (a.free == 0 and not self.queue_timeout_seconds)
+            rows.append(PickerRow(a, self.isolation_preview(p), p.slug == default, closed))
         return render_picker(
             rows,
             inventory_label=capacity.inventory_label,
@@ -204,6 +206,12 @@ class GPUSpawnerMixin(Configurable):
         """Place this server's request; waits up to queue_timeout_seconds when nothing fits."""
         capacity = self.gpu_capacity
         capacity.reconcile(self._live_allocation_ids())
+        if not capacity.fits_inventory(profile):
+            raise web.HTTPError(
+                409,
+                f"Profile {profile.display_name!r} asks for more than any machine here has "
+                f"({capacity.inventory_label}); pick a smaller profile",
+            )
         request = capacity.request_for(
             profile, allocation_id=self.allocation_id, owner=self.user.name, groups=self.user_groups
         )

@@ -15,6 +15,7 @@ class PickerRow:
     availability: ProfileAvailability
     isolation: str
     checked: bool
+    disabled: bool = False
 
     @property
     def slug(self) -> str:
@@ -30,15 +31,17 @@ _TEMPLATE = Environment(autoescape=select_autoescape(default=True)).from_string(
 <div class="gpulab-picker" data-inventory="{{ 'declared' if declared else 'measured' }}">
   <p class="gpulab-inventory">
     GPUs: {{ inventory_label }}
-    {%- if declared %} <span class="label label-warning" title="No NVIDIA driver on this machine: the
+    {%- if declared %} <span class="badge text-bg-warning" title="No NVIDIA driver on this machine: the
     GPUs are declared in the hub config, not measured.">declared</span>{% endif %}
   </p>
   {% if quota %}<p class="gpulab-quota">{{ quota }}</p>{% endif %}
   {% for row in rows %}
   <label class="gpulab-profile{% if row.full %} gpulab-full{% endif %}" for="profile-{{ row.slug }}"
-         style="display:block;border:1px solid #ccc;border-radius:4px;padding:8px;margin:6px 0">
+         style="display:block;border:1px solid #ccc;border-radius:4px;padding:8px;margin:6px 0;
+                {%- if row.disabled %}opacity:0.55;{% endif %}">
     <input type="radio" name="profile" id="profile-{{ row.slug }}" value="{{ row.slug }}"
-           {% if row.checked %}checked{% endif %}>
+           {% if row.checked and not row.disabled %}checked{% endif %}
+           {% if row.disabled %}disabled{% endif %}>
     <strong>{{ row.availability.profile.display_name }}</strong>
     <span class="gpulab-capacity" data-free="{{ row.availability.free }}"
           data-waiting="{{ row.availability.waiting }}">({{ row.availability.label }})</span>
@@ -46,7 +49,7 @@ _TEMPLATE = Environment(autoescape=select_autoescape(default=True)).from_string(
       <span class="gpulab-models">{{ row.availability.profile.gpu_models | sort | join(' or ') }}</span>
     {% endif %}
     {% if row.availability.profile.priority == 'preemptible' %}
-      <span class="label label-info">preemptible</span>
+      <span class="badge text-bg-info">preemptible</span>
     {% endif %}
     {% if row.availability.profile.description %}
       <br><small>{{ row.availability.profile.description }}</small>

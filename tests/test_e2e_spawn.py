@@ -67,6 +67,17 @@ def test_whole_gpus_are_exclusive_and_cpu_only_hides_gpus(make_hub):
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
+def test_profile_larger_than_the_machine_is_refused_with_the_reason(make_hub):
+    hub = make_hub(TWO_A100)
+    hub.create_user("alice")
+    r = hub.spawn("alice", profile="gpu-8")
+    assert r.status_code == 409, r.text
+    assert r.json()["message"].startswith(
+        "Profile '8 GPUs' asks for more than any machine here has"
+    )
+    assert hub.allocations() == {}
+
+
 def test_request_that_does_not_fit_is_refused_with_409_and_nothing_leaks(make_hub):
     hub = make_hub("c.GPUCapacity.declared_inventory = '1 x A100-SXM4-80GB'\n")
     hub.create_user("alice")
@@ -134,6 +145,8 @@ def test_picker_shows_live_capacity_and_declared_inventory(make_hub):
     assert 'name="profile" id="profile-gpu-quarter"' in page
     assert "(1/4 GPU - 4 free)" in page
     assert "(2 GPUs - none free)" in page
+    assert "(8 GPUs - larger than any machine here)" in page
+    assert 'id="profile-gpu-8" value="gpu-8"\n           \n           disabled' in page
     assert "Exclusive: these 2 GPUs are yours alone" in page
     assert "cooperative caps" in page
 

@@ -1,0 +1,46 @@
+"""Debian's Chromium driven by Playwright, headless, for tests that look at what a person sees."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# The machine's network is closed: Chromium's background services would only fail to connect.
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+
+
+def chromium_missing_reason() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return "Debian's chromium is not installed (bash .ci/dev setup installs it)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "the playwright Python package is not installed"
+    return None
+
+
+@contextmanager
+def browser_page(tmp_path: Path) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            yield context.new_page()
+        finally:
+            browser.close()
