@@ -35,7 +35,7 @@ from gpulab.hub.profiles import (
     MILLI_PER_GPU,
     Profile,
     ProfileError,
-    format_gpus,
+    format_gpu_amount,
     parse_catalog,
     parse_gpus,
     parse_memory_mib,
@@ -343,14 +343,12 @@ class GPUCapacity(SingletonConfigurable):
         )
 
     def quota_summary(self, owner: str, groups: frozenset[str]) -> str | None:
+        """'GPU quota: 0.25 GPU in use, 1.25 GPUs left' (None when unlimited)."""
         left = self.allocator.quota_left_milli(owner, groups)
         if left is None:
             return None
         used = self.allocator.usage_milli(owner)
-        return (
-            f"GPU quota: using {format_gpus(Fraction(used, MILLI_PER_GPU))}, "
-            f"{format_gpus(Fraction(left, MILLI_PER_GPU))} left"
-        )
+        return f"GPU quota: {format_gpu_amount(used)} in use, {format_gpu_amount(left)} left"
 
     # -- allocation ----------------------------------------------------------------------------
 

@@ -71,6 +71,13 @@ def format_gpus(gpu: Fraction) -> str:
     return f"{int(gpu)} GPU" + ("s" if gpu > 1 else "")
 
 
+def format_gpu_amount(milli: int) -> str:
+    """An exact amount of milli-GPU for people: '0 GPUs', '0.375 GPU', '1.5 GPUs', '2 GPUs'."""
+    whole, rest = divmod(milli, MILLI_PER_GPU)
+    text = str(whole) if not rest else f"{whole}.{rest:03d}".rstrip("0")
+    return f"{text} GPU" + ("" if 0 < milli <= MILLI_PER_GPU else "s")
+
+
 _FRACTION_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
 

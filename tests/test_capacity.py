@@ -1,0 +1,77 @@
+"""GPUCapacity in-process: catalog from YAML, quotas in exact GPUs, reconciliation, labels."""
+
+from __future__ import annotations
+
+import pytest
+from traitlets.config import Config
+
+from gpulab.hub.allocator import Request
+from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.profiles import ProfileError
+
+
+def _capacity(tmp_path, **settings) -> GPUCapacity:
+    c = Config()
+    c.GPUCapacity.inventory_source = "declared"
+    c.GPUCapacity.declared_inventory = "2 x A100-SXM4-80GB"
+    c.GPUCapacity.db_url = f"sqlite:///{tmp_path / 'alloc.sqlite'}"
+    for key, value in settings.items():
+        setattr(c.GPUCapacity, key, value)
+    return GPUCapacity(config=c)
+
+
+def test_catalog_from_yaml_file(tmp_path):
+    path = tmp_path / "profiles.yaml"
+    path.write_text(
+        "profiles:\n"
+        "  - {slug: cpu, gpus: 0, default: true}\n"
+        "  - {slug: eighth, gpus: 1/8, groups: [students]}\n"
+    )
+    cap = _capacity(tmp_path, profiles_file=str(path))
+    assert [p.slug for p in cap.catalog] == ["cpu", "eighth"]
+    assert [p.slug for p in cap.visible_profiles(frozenset({"students"}), False)] == [
+        "cpu",
+        "eighth",
+    ]
+    assert [p.slug for p in cap.visible_profiles(frozenset(), False)] == ["cpu"]
+    assert cap.inventory_is_declared and "2 x A100-SXM4-80GB" in cap.inventory_label
+
+
+def test_quotas_in_exact_gpus_and_bad_quota_names_the_option(tmp_path):
+    cap = _capacity(tmp_path, user_quota_gpus={"alice": "3/2"}, group_quota_gpus={"lab": 0.5})
+    assert cap.allocator.quota_left_milli("alice", frozenset()) == 1500
+    assert cap.allocator.quota_left_milli("bob", frozenset({"lab"})) == 500
+    assert cap.quota_summary("alice", frozenset()) == "GPU quota: 0 GPUs in use, 1.5 GPUs left"
+    cap.allocator.place(Request("alice/", owner="alice", gpu_milli=250))
+    assert cap.quota_summary("alice", frozenset()) == "GPU quota: 0.25 GPU in use, 1.25 GPUs left"
+    assert cap.quota_summary("carol", frozenset()) is None
+    with pytest.raises(ProfileError, match=r"GPUCapacity.user_quota_gpus\['bob'\]: 'many'"):
+        _capacity(tmp_path / "x", user_quota_gpus={"bob": "many"})
+
+
+def test_reconcile_releases_allocations_no_server_owns(tmp_path):
+    cap = _capacity(tmp_path)
+    cap.allocator.place(Request("alice/", owner="alice", num_gpu=1))
+    cap.allocator.place(Request("ghost/", owner="ghost", gpu_milli=250))
+    orphans = cap.reconcile({"alice/"})
+    assert [p.request.id for p in orphans] == ["ghost/"]
+    assert [p.request.id for p in cap.allocator.allocations()] == ["alice/"]
+    assert cap.reconcile(set()) == []  # once per hub process
+
+
+def test_allocations_persist_across_capacity_instances(tmp_path):
+    cap = _capacity(tmp_path)
+    placed = cap.allocator.place(Request("alice/", owner="alice", num_gpu=1))
+    again = _capacity(tmp_path)
+    assert again.allocator.get("alice/").gpus == placed.gpus
+
+
+def test_availability_labels(tmp_path):
+    cap = _capacity(tmp_path)
+    labels = {p.slug: cap.availability(p).label for p in cap.catalog}
+    assert labels["cpu"] == "no GPU"
+    assert labels["gpu-eighth"] == "1/8 GPU - 16 free"
+    assert labels["gpu-2"] == "2 GPUs - 1 free"
+    assert labels["gpu-4"] == "4 GPUs - larger than any machine here"
+    with cap.waiting("gpu-2"):
+        assert cap.availability(cap.profile("gpu-2")).label == "2 GPUs - 1 free, 1 waiting"
