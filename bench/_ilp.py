@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,8 +125,7 @@ def solve(
                     base + [(whole_row[ni], float(num))],
                 )
     n_cols = len(cost)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", bool(os.environ.get("GPULAB_ILP_LOG")))
+    h = _quiet_highs()
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", 1e-4)
     h.setOptionValue("threads", 1)
@@ -168,6 +168,24 @@ def solve(
     bound = float(info.mip_dual_bound)
     optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     return IlpResult(obj, max(bound, obj), optimal, float(h.getRunTime()))
+
+
+def _quiet_highs() -> highspy.Highs:
+    """A HiGHS instance that does not print its banner (unless GPULAB_ILP_LOG is set)."""
+    if os.environ.get("GPULAB_ILP_LOG"):
+        return highspy.Highs()
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+    return h
 
 
 def _warm_start(

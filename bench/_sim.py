@@ -15,7 +15,10 @@ from ._openb import Curve
 @dataclass
 class Run:
     curve: Curve
+    #: per decision: CPU time of the calling thread (immune to other processes on the host)
     latencies_ns: list[int] = field(default_factory=list)
+    #: per decision: wall-clock time
+    wall_ns: list[int] = field(default_factory=list)
     placed: int = 0
     failed: int = 0
     allocator: Allocator | None = None
@@ -36,18 +39,22 @@ def replay(
     arrived = 0
     limit = stop_percent * cap / 100
     clock = time.perf_counter_ns
+    cpu = time.thread_time_ns
     for i, pod in enumerate(pods):
         if arrived > limit:
             break
         req = pod.to_request(f"p{i}")
         arrived += pod.total_gpu_milli
         t0 = clock()
+        c0 = cpu()
         try:
             alloc.place(req)
             ok = True
         except AllocationError:
             ok = False
-        run.latencies_ns.append(clock() - t0)
+        c1 = cpu()
+        run.wall_ns.append(clock() - t0)
+        run.latencies_ns.append(c1 - c0)
         if ok:
             run.placed += 1
         else:

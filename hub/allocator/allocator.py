@@ -399,21 +399,23 @@ class Allocator:
         cpu, mem, num_gpu, milli, models, nvlink = request.shape
         kind = "|".join(sorted(models)) + " " if models else ""
         largest = 0
-        gpu_ok = False
-        for sid in state.groups:
-            _, _, _, gpus = state.sigs[sid]
-            cls = state.classes[state.sigs[sid][0]]
-            allowed = [p for p, m in enumerate(cls.models) if not models or m in models]
-            if num_gpu:
-                block = self._largest_block(cls.nvlink, gpus, allowed, nvlink)
-                largest = max(largest, block)
-                gpu_ok = gpu_ok or block >= num_gpu
-            elif milli:
-                share = max((gpus[p] for p in allowed), default=0)
-                largest = max(largest, share)
-                gpu_ok = gpu_ok or share >= milli
-            else:
-                gpu_ok = True
+        if nvlink:  # NVLink groups are not indexed: look at every node state
+            for sid in state.groups:
+                sig = state.sigs[sid]
+                cls = state.classes[sig[0]]
+                allowed = [p for p, m in enumerate(cls.models) if not models or m in models]
+                largest = max(largest, self._largest_block(cls.nvlink, sig[3], allowed, True))
+        else:
+            # a node's capability is 1000 + idle GPUs, or its largest free share (see cap_of)
+            for model, caps in state.model_caps.items():
+                if models and model not in models:
+                    continue
+                for cap in caps:
+                    if num_gpu:
+                        largest = max(largest, cap - MILLI)
+                    else:
+                        largest = max(largest, min(cap, MILLI))
+        gpu_ok = (largest >= num_gpu) if num_gpu else (largest >= milli if milli else True)
         gpu_ok_nodes = [0] if gpu_ok else []
         if num_gpu and not gpu_ok_nodes:
             link = "NVLinked " if nvlink else ""

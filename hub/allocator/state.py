@@ -75,6 +75,8 @@ class ClusterState:
         self.groups: dict[int, set[int]] = {}
         #: GPU capability -> live signature ids (see ``cap_of``), to skip hopeless groups
         self.cap_index: dict[int, dict[int, None]] = {}
+        #: GPU model -> capability -> number of live signatures (for quick explanations)
+        self.model_caps: dict[str, dict[int, int]] = {}
         for i in range(len(nodes)):
             s, o = self._signature(i)
             sid = self._intern(s)
@@ -92,7 +94,11 @@ class ClusterState:
         members = self.groups.get(sid)
         if members is None:
             self.groups[sid] = {i}
-            self.cap_index.setdefault(self.cap_of(self.sigs[sid][3]), {})[sid] = None
+            cap = self.cap_of(self.sigs[sid][3])
+            self.cap_index.setdefault(cap, {})[sid] = None
+            for model in set(self.classes[self.sigs[sid][0]].models):
+                caps = self.model_caps.setdefault(model, {})
+                caps[cap] = caps.get(cap, 0) + 1
         else:
             members.add(i)
 
@@ -106,6 +112,11 @@ class ClusterState:
             del bucket[sid]
             if not bucket:
                 del self.cap_index[cap]
+            for model in set(self.classes[self.sigs[sid][0]].models):
+                caps = self.model_caps[model]
+                caps[cap] -= 1
+                if not caps[cap]:
+                    del caps[cap]
 
     def candidates(self, shape: Shape) -> list[int]:
         """Live signature ids whose GPUs could host ``shape`` (CPU, memory, models unchecked)."""

@@ -34,6 +34,23 @@ class Policy(ABC):
         """Hook called after every placement (policies that learn the workload mix use it)."""
 
 
+class ShapeCache:
+    """Scores of one shape per signature id, in two int/float-only dicts.
+
+    Containers holding only ints and floats are not tracked by Python's cyclic garbage
+    collector, so even millions of cached scores add nothing to collection pauses.
+    """
+
+    __slots__ = ("options", "scores")
+
+    def __init__(self) -> None:
+        self.scores: dict[int, float] = {}  # sid -> score, inf when the shape does not fit
+        self.options: dict[int, int] = {}  # sid -> interned option id
+
+
+INFEASIBLE = float("inf")
+
+
 class ScoredPolicy(Policy):
     """A policy that scores each (signature, option); lower is better.
 
@@ -42,15 +59,17 @@ class ScoredPolicy(Policy):
     Scores depend only on the signature, so they are cached per (shape, signature id).
     """
 
-    cache_limit: ClassVar[int] = 2_000_000
+    cache_limit: ClassVar[int] = 4_000_000
 
     def __init__(self, seed: int | None = None, random_ties: bool = False) -> None:
         super().__init__(seed)
         #: break ties at random (True) or by inventory order (False, the FGD simulator's rule)
         self.random_ties = random_ties
-        self._cache: dict[Shape, dict[int, Scored]] = {}
+        self._cache: dict[Shape, ShapeCache] = {}
         self._cached = 0
         self._generation = 0
+        self._option_ids: dict[tuple[int, ...], int] = {}
+        self._option_list: list[tuple[int, ...]] = []
 
     @abstractmethod
     def score(self, state: ClusterState, sig: Sig, shape: Shape, option: tuple[int, ...]) -> float:
@@ -65,24 +84,41 @@ class ScoredPolicy(Policy):
                 result = (s, option)
         return result
 
-    def shape_cache(self, state: ClusterState, shape: Shape) -> dict[int, Scored]:
+    def shape_cache(self, state: ClusterState, shape: Shape) -> ShapeCache:
         """The per-signature-id cache of one shape (reset when the state renumbers ids)."""
         if state.generation != self._generation or self._cached >= self.cache_limit:
             self.invalidate()
             self._generation = state.generation
         per = self._cache.get(shape)
         if per is None:
-            per = self._cache[shape] = {}
+            per = self._cache[shape] = ShapeCache()
         return per
+
+    def fill(self, state: ClusterState, per: ShapeCache, sid: int, shape: Shape) -> float:
+        """Evaluate ``sid`` for ``shape`` into ``per``; returns the score (inf: no fit)."""
+        r = self.evaluate(state, state.sigs[sid], shape)
+        self._cached += 1
+        if r is None:
+            per.scores[sid] = INFEASIBLE
+            return INFEASIBLE
+        option = r[1]
+        oid = self._option_ids.get(option)
+        if oid is None:
+            oid = self._option_ids[option] = len(self._option_list)
+            self._option_list.append(option)
+        per.scores[sid] = r[0]
+        per.options[sid] = oid
+        return r[0]
 
     def best(self, state: ClusterState, sid: int, shape: Shape) -> Scored:
         """Cached ``evaluate`` for signature id ``sid``."""
         per = self.shape_cache(state, shape)
-        if sid in per:
-            return per[sid]
-        r = per[sid] = self.evaluate(state, state.sigs[sid], shape)
-        self._cached += 1
-        return r
+        s = per.scores.get(sid)
+        if s is None:
+            s = self.fill(state, per, sid, shape)
+        if s == INFEASIBLE:
+            return None
+        return s, self._option_list[per.options[sid]]
 
     def invalidate(self) -> None:
         """Drop cached scores (call when the score function's inputs change)."""
@@ -95,41 +131,34 @@ class ScoredPolicy(Policy):
         if nodes is not None:
             return self._choose_among(state, shape, nodes)
         per = self.shape_cache(state, shape)
-        best_score = float("inf")
-        winners: list[tuple[int, tuple[int, ...]]] = []
-        sigs = state.sigs
+        scores = per.scores
+        best_score = INFEASIBLE
+        winners: list[int] = []
         for sid in state.candidates(shape):
-            if sid in per:
-                r = per[sid]
-            else:
-                r = per[sid] = self.evaluate(state, sigs[sid], shape)
-                self._cached += 1
-            if r is None:
-                continue
-            if r[0] < best_score:
-                best_score = r[0]
-                winners = [(sid, r[1])]
-            elif r[0] == best_score:
-                winners.append((sid, r[1]))
-        return self._pick(state, winners)
+            s = scores.get(sid)
+            if s is None:
+                s = self.fill(state, per, sid, shape)
+            if s < best_score:
+                best_score = s
+                winners = [sid]
+            elif s == best_score and s != INFEASIBLE:
+                winners.append(sid)
+        return self._pick(state, per, winners)
 
-    def _pick(
-        self, state: ClusterState, winners: list[tuple[int, tuple[int, ...]]]
-    ) -> Choice | None:
+    def _pick(self, state: ClusterState, per: ShapeCache, winners: list[int]) -> Choice | None:
         if not winners:
             return None
         groups = state.groups
+        options = self._option_list
         if not self.random_ties:
-            if len(winners) == 1:
-                sid, option = winners[0]
-                return min(groups[sid]), option
-            return min((min(groups[sid]), option) for sid, option in winners)
-        total = sum(len(groups[sid]) for sid, _ in winners)
+            sid = winners[0] if len(winners) == 1 else min(winners, key=lambda w: min(groups[w]))
+            return min(groups[sid]), options[per.options[sid]]
+        total = sum(len(groups[sid]) for sid in winners)
         k = self.rng.randrange(total) if total > 1 else 0
-        for sid, option in winners:
+        for sid in winners:
             n = len(groups[sid])
             if k < n:
-                return sorted(groups[sid])[k], option
+                return sorted(groups[sid])[k], options[per.options[sid]]
             k -= n
         raise AssertionError("unreachable")
 

@@ -24,7 +24,7 @@ from collections.abc import Collection, Iterable
 from ..model import MILLI
 from ..state import ClusterState, Shape, Sig
 from ..workload import TaskType
-from .base import Choice, Scored
+from .base import INFEASIBLE, Choice
 from .fgd import FGD, bucket
 
 
@@ -39,7 +39,7 @@ class GpulabPolicy(FGD):
         seed: int | None = None,
         workload: Iterable[TaskType] | None = None,
         beta: float = 5.0,
-        budget: int = 48,
+        budget: int = 16,
         scale: float = 1000.0,
         mem_weight: float = 0.0,
         strand: float = 0.5,
@@ -117,35 +117,32 @@ class GpulabPolicy(FGD):
         if nodes is not None:
             return self._choose_among(state, shape, nodes)
         per = self.shape_cache(state, shape)
-        best_score = float("inf")
-        winners: list[tuple[int, tuple[int, ...]]] = []
+        scores = per.scores
+        best_score = INFEASIBLE
+        winners: list[int] = []
         misses: list[int] = []
-        r: Scored
         for sid in state.candidates(shape):
-            if sid not in per:
+            s = scores.get(sid)
+            if s is None:
                 misses.append(sid)
-                continue
-            r = per[sid]
-            if r is None:
-                continue
-            if r[0] < best_score:
-                best_score = r[0]
-                winners = [(sid, r[1])]
-            elif r[0] == best_score:
-                winners.append((sid, r[1]))
+            elif s < best_score:
+                best_score = s
+                winners = [sid]
+            elif s == best_score and s != INFEASIBLE:
+                winners.append(sid)
         if misses:
             misses.sort(reverse=True)  # newest signatures first
-            sigs = state.sigs
-            for k, sid in enumerate(misses):
-                if k >= self.budget and winners:
+            scored = 0
+            for sid in misses:
+                if scored >= self.budget and winners:
                     break
-                r = per[sid] = self.evaluate(state, sigs[sid], shape)
-                self._cached += 1
-                if r is None:
+                s = self.fill(state, per, sid, shape)
+                if s == INFEASIBLE:
                     continue
-                if r[0] < best_score:
-                    best_score = r[0]
-                    winners = [(sid, r[1])]
-                elif r[0] == best_score:
-                    winners.append((sid, r[1]))
-        return self._pick(state, winners)
+                scored += 1
+                if s < best_score:
+                    best_score = s
+                    winners = [sid]
+                elif s == best_score:
+                    winners.append(sid)
+        return self._pick(state, per, winners)
