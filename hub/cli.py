@@ -34,6 +34,13 @@ def run(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _add_dev_cluster(p: argparse.ArgumentParser) -> None:
+    from gpulab.spawner.devcluster import cli as dev_cluster
+
+    dev_cluster.add_arguments(p)
+    p.set_defaults(func=dev_cluster.run)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpulab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -44,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="an extra JupyterHub config file (profiles, quotas...)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed on to jupyterhub")
     p.set_defaults(func=run)
+    d = sub.add_parser("dev-cluster", help="a local Kubernetes control plane with simulated GPU nodes")
+    _add_dev_cluster(d)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -1,0 +1,188 @@
+"""The node agent: simulated nodes (heartbeats + pods), the volume provisioner, a control API.
+
+Control API (loopback HTTP, port in STATE/control.json):
+    GET  /nodes               {node: {"running": bool, "ip": ..., "pods": [...]}}
+    POST /nodes/NAME/stop     simulate a node failure: heartbeats stop, its pods' processes die
+    POST /nodes/NAME/start    the node comes back
+SIGTERM/SIGINT stop the agent the way a machine failure would: every pod process is killed and the
+API is told nothing (the node controller then marks the nodes NotReady).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import zlib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from kubernetes_asyncio import client
+
+from ..spec import NodeSpec
+from .kube import Events, api_client, log
+from .nodes import NodeHeartbeat
+from .pods import IPPool, NodeContext, PodManager
+from .runtime import HostPaths
+from .volumes import Provisioner
+
+
+def address_octet(state_dir: Path) -> int:
+    """Second octet of this agent's 127.X.0.0/16 (differs between state dirs, so two clusters on
+    one machine rarely share pod addresses)."""
+    return 64 + zlib.crc32(str(state_dir.resolve()).encode()) % 128
+
+
+class SimulatedNode:
+    def __init__(self, agent: Agent, spec: NodeSpec, index: int) -> None:
+        self.agent, self.spec = agent, spec
+        prefix = f"127.{agent.octet}.{index + 1}"
+        self.ip = f"{prefix}.1"
+        self.heartbeat = NodeHeartbeat(
+            agent.api, spec, internal_ip=self.ip, interval_seconds=agent.heartbeat
+        )
+        from .. import spec as nodespec
+
+        self.ctx = NodeContext(
+            name=spec.name,
+            host_ip=self.ip,
+            core=client.CoreV1Api(agent.api),
+            events=Events(client.CoreV1Api(agent.api)),
+            ips=IPPool(prefix),
+            host_paths=agent.host_paths,
+            pods_dir=agent.state_dir / "pods",
+            capacity=nodespec.capacity(spec),
+            base_env=agent.base_env,
+        )
+        self.pods = PodManager(self.ctx)
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    @property
+    def running(self) -> bool:
+        return bool(self.tasks)
+
+    def start(self) -> None:
+        if not self.tasks:
+            self.tasks = [
+                asyncio.create_task(self.heartbeat.run()),
+                asyncio.create_task(self.pods.run()),
+            ]
+
+    async def stop(self) -> None:
+        tasks, self.tasks = self.tasks, []
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.pods.kill_all()
+
+
+class Agent:
+    def __init__(
+        self, kubeconfig: str, state_dir: Path, nodes: list[NodeSpec], heartbeat: float
+    ) -> None:
+        self.kubeconfig, self.state_dir, self.specs, self.heartbeat = (
+            kubeconfig,
+            state_dir,
+            nodes,
+            heartbeat,
+        )
+        self.octet = address_octet(state_dir)
+        self.host_paths = HostPaths()
+        self.nodes: dict[str, SimulatedNode] = {}
+        self.base_env: dict[str, str] = {}
+        self.api: client.ApiClient
+
+    def _base_env(self) -> dict[str, str]:
+        url = urlparse(self.api.configuration.host)
+        host, port = url.hostname or "127.0.0.1", str(url.port or 443)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT": port,
+            "KUBERNETES_SERVICE_PORT_HTTPS": port,
+            "KUBERNETES_PORT": f"tcp://{host}:{port}",
+        }
+        return env
+
+    async def run(self) -> None:
+        self.api = await api_client(self.kubeconfig)
+        self.base_env = self._base_env()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for i, spec in enumerate(self.specs):
+            self.nodes[spec.name] = SimulatedNode(self, spec, i)
+        provisioner = asyncio.create_task(Provisioner(self.api, self.state_dir / "volumes").run())
+        for node in self.nodes.values():
+            node.start()
+        server = await asyncio.start_server(self._control, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        tmp = self.state_dir / "control.json.tmp"
+        tmp.write_text(json.dumps({"port": port, "pid": os.getpid()}))
+        tmp.replace(self.state_dir / "control.json")
+        log.info("node agent up: %d node(s), control API on 127.0.0.1:%d", len(self.nodes), port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("node agent stopping: killing all pod processes (the API sees a node failure)")
+        server.close()
+        provisioner.cancel()
+        await asyncio.gather(*(n.stop() for n in self.nodes.values()), return_exceptions=True)
+        with contextlib.suppress(BaseException):
+            await provisioner
+        await self.api.close()
+
+    # -- control API (tiny HTTP/1.0 server: no extra dependency) --------------------------------
+
+    async def _control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = (
+                (await asyncio.wait_for(reader.readline(), 10)).decode(errors="replace").split()
+            )
+            while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
+                pass
+            code, body = await self._handle(*(request[:2] if len(request) >= 2 else ("", "")))
+        except Exception as e:
+            code, body = 500, {"error": str(e)}
+        data = json.dumps(body).encode()
+        writer.write(
+            f"HTTP/1.0 {code} {'OK' if code == 200 else 'Error'}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        with contextlib.suppress(Exception):
+            await writer.drain()
+            writer.close()
+
+    async def _handle(self, method: str, path: str) -> tuple[int, Any]:
+        parts = [p for p in path.split("/") if p]
+        if method == "GET" and parts == ["nodes"]:
+            return 200, {
+                name: {"running": n.running, "ip": n.ip, "pods": n.pods.pods()}
+                for name, n in self.nodes.items()
+            }
+        if method == "GET" and parts == ["healthz"]:
+            return 200, "ok"
+        if (
+            method == "POST"
+            and len(parts) == 3
+            and parts[0] == "nodes"
+            and parts[2] in ("stop", "start")
+        ):
+            node = self.nodes.get(parts[1])
+            if node is None:
+                return 404, {
+                    "error": f"no simulated node {parts[1]!r}; nodes: {sorted(self.nodes)}"
+                }
+            if parts[2] == "stop":
+                await node.stop()
+                log.info("node %s stopped (simulated failure)", node.spec.name)
+            else:
+                node.start()
+                log.info("node %s started", node.spec.name)
+            return 200, {"node": node.spec.name, "running": node.running}
+        return 404, {"error": f"unknown request {method} {path}"}

@@ -1,0 +1,197 @@
+"""The container runtime: one launcher process per container, signals, exec hooks, mount points.
+
+Processes are started from the event loop's thread only: the launcher's PDEATHSIG is tied to the
+thread that forked it, and it must fire when the agent process dies (a node failure kills pods).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .kube import log, now
+
+LAUNCHER = Path(__file__).with_name("launcher.py")
+
+
+class StartError(RuntimeError):
+    """The container's process could not start (reason StartError, exit code 128)."""
+
+
+class HostPaths:
+    """Mount points a pod needs that do not exist on the host: created, shared, removed again.
+
+    Bind mounts happen in each pod's private mount namespace, but the directory (or file) they
+    cover must exist in the shared file system. Paths the agent created are reference-counted
+    and removed (only if still empty) when the last pod using them is gone.
+    """
+
+    def __init__(self) -> None:
+        self._refs: dict[Path, int] = {}
+
+    def acquire(self, path: Path, *, is_file: bool = False) -> list[Path]:
+        created: list[Path] = []
+        missing = []
+        p = path
+        while not p.exists() and p != p.parent:
+            missing.append(p)
+            p = p.parent
+        for i, m in enumerate(reversed(missing)):
+            if is_file and i == len(missing) - 1:
+                m.touch()
+            else:
+                m.mkdir()
+            created.append(m)
+        held = [*created, *(q for q in self._refs if q in path.parents or q == path)]
+        for q in dict.fromkeys(held):
+            self._refs[q] = self._refs.get(q, 0) + 1
+        return list(dict.fromkeys(held))
+
+    def release(self, paths: list[Path]) -> None:
+        for q in sorted(paths, key=lambda p: len(p.parts), reverse=True):
+            n = self._refs.get(q, 0) - 1
+            if n > 0:
+                self._refs[q] = n
+                continue
+            self._refs.pop(q, None)
+            with contextlib.suppress(OSError):
+                if q.is_dir():
+                    q.rmdir()  # only empty: never remove what someone put there
+                elif q.stat().st_size == 0:
+                    q.unlink()
+
+
+@dataclass
+class ContainerProcess:
+    """One run of a container: its launcher, the host PID of its namespace's PID 1, its result."""
+
+    name: str
+    spec_file: Path
+    log_file: Path
+    proc: asyncio.subprocess.Process | None = None
+    init_pid: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    exit_code: int | None = None
+    started_mono: float = field(default_factory=time.monotonic)
+
+    async def start(self, launch: dict[str, Any], *, timeout: float = 30) -> None:
+        """Run launcher.py; returns once the exec succeeded, raises StartError otherwise."""
+        self.spec_file.write_text(json.dumps(launch))
+        r, w = os.pipe()
+        try:
+            with self.log_file.open("ab") as out:
+                self.proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-S",
+                    str(LAUNCHER),
+                    str(self.spec_file),
+                    str(w),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    pass_fds=(w,),
+                    start_new_session=True,
+                )
+        finally:
+            os.close(w)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(r, "rb", 0)
+        )
+        try:
+            line = await asyncio.wait_for(reader.readline(), timeout)
+        except asyncio.TimeoutError:
+            line = b""
+        finally:
+            transport.close()
+        try:
+            event = json.loads(line) if line else {}
+        except ValueError:
+            event = {}
+        if event.get("event") == "started":
+            self.init_pid = int(event["pid"])
+            self.started_at = now()
+            self.started_mono = time.monotonic()
+            return
+        await self.kill_and_wait()
+        self.exit_code = 128
+        self.finished_at = now()
+        raise StartError(
+            event.get("message") or f"the launcher did not start (log {self.log_file})"
+        )
+
+    def signal(self, sig: int) -> None:
+        for pid in (self.init_pid, self.proc.pid if self.proc else None):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                return
+
+    async def wait(self) -> int:
+        assert self.proc is not None
+        rc = await self.proc.wait()
+        if self.exit_code is None:
+            self.exit_code = 128 - rc if rc < 0 else rc
+            self.finished_at = now()
+        return self.exit_code
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def kill_and_wait(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            self.signal(signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        with contextlib.suppress(Exception):
+            await self.wait()
+
+    async def stop(self, deadline: float) -> int | None:
+        """SIGTERM (PID 1 forwards it to the command), SIGKILL at deadline (monotonic)."""
+        if not self.running:
+            return self.exit_code
+        self.signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(self.wait()), max(0.0, deadline - time.monotonic())
+            )
+        except asyncio.TimeoutError:
+            log.info(
+                "container %s ignored SIGTERM until the grace period ended; SIGKILL", self.name
+            )
+        self.signal(signal.SIGKILL)
+        return await self.wait()
+
+    async def exec(
+        self, argv: list[str], env: dict[str, str], cwd: str | None, timeout: float
+    ) -> int:
+        """Run argv inside the container's namespaces (nsenter), as a preStop or probe exec."""
+        if not self.running or not self.init_pid:
+            return -1
+        cmd = ["nsenter", f"--target={self.init_pid}", "--mount", "--pid"]
+        if cwd:
+            cmd.append(f"--wd={cwd}")
+        with self.log_file.open("ab") as out:
+            p = await asyncio.create_subprocess_exec(
+                *cmd, "--", *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
+            )
+        try:
+            return await asyncio.wait_for(p.wait(), max(0.1, timeout))
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            await p.wait()
+            return -1
