@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterable
+from dataclasses import replace
 
+from ..frag import FragModel
 from ..model import MILLI
 from ..state import ClusterState, Shape, Sig
 from ..workload import TaskType
@@ -44,7 +46,10 @@ class GpulabPolicy(FGD):
         mem_weight: float = 0.0,
         strand: float = 0.5,
         strand_gpu: float = 1.0,
+        scarcity: float = 1.0,
     ) -> None:
+        self.scarcity = scarcity
+        self._scaled_for: int | None = None
         self.strand_weight = strand
         self.strand_gpu = strand_gpu
         self.beta = beta
@@ -56,6 +61,8 @@ class GpulabPolicy(FGD):
 
     def set_workload(self, workload: Iterable[TaskType]) -> None:
         super().set_workload(workload)
+        self.raw_tasks = self.model.tasks
+        self._scaled_for = None
         self._pressure = None
         tasks = self.model.tasks
         gpu = sum(t.weight * t.num_gpu * t.milli_per_gpu for t in tasks)
@@ -80,7 +87,7 @@ class GpulabPolicy(FGD):
             total_cap = sum(cap.values())
             demand: dict[str, float] = dict.fromkeys(cap, 0.0)
             total = 0.0
-            for t in self.model.tasks:
+            for t in self.raw_tasks:
                 gpu = t.weight * t.num_gpu * t.milli_per_gpu
                 total += gpu
                 allowed = [m for m in t.models if m in cap]
@@ -90,6 +97,30 @@ class GpulabPolicy(FGD):
                 m: (demand[m] / total) / (cap[m] / total_cap) if total else 0.0 for m in cap
             }
         return self._pressure
+
+    def scale_by_scarcity(self, state: ClusterState) -> None:
+        """Weigh each task kind by how few GPUs could host it at all: ``(all GPUs / GPUs on
+        nodes whose empty state fits it) ** scarcity``. A task only a handful of nodes can take
+        (8 GPUs with 120 CPUs) then counts enough for FGD to keep those nodes whole for it."""
+        if self._scaled_for == id(state) or not self.scarcity or not self.raw_tasks:
+            return
+        self._scaled_for = id(state)
+        counts = Counter(state.class_of)
+        cap = [len(c.models) * counts[k] for k, c in enumerate(state.classes)]
+        total = sum(cap) or 1
+        scaled = []
+        for t in self.raw_tasks:
+            room = sum(
+                cap[k]
+                for k, c in enumerate(state.classes)
+                if c.cpu_milli >= t.cpu_milli
+                and c.memory_mib >= t.memory_mib
+                and sum(1 for m in c.models if not t.models or m in t.models) >= t.num_gpu
+            )
+            factor = (total / room) ** self.scarcity if room and t.num_gpu else 1.0
+            scaled.append(replace(t, weight=t.weight * factor))
+        self.model = FragModel(scaled, with_memory=self.with_memory)
+        self.invalidate()
 
     def score(self, state: ClusterState, sig: Sig, shape: Shape, option: tuple[int, ...]) -> float:
         d = self.delta(state, sig, shape, option)
@@ -114,6 +145,7 @@ class GpulabPolicy(FGD):
     def choose(
         self, state: ClusterState, shape: Shape, nodes: Collection[int] | None = None
     ) -> Choice | None:
+        self.scale_by_scarcity(state)
         if nodes is not None:
             return self._choose_among(state, shape, nodes)
         per = self.shape_cache(state, shape)
