@@ -350,10 +350,16 @@ class Allocator:
         if node is None:
             return f"node {placement.node!r} is no longer in the inventory"
         shares: list[tuple[int, int]] = []
+        gpus = self.inventory.nodes[node].gpus
         for share in placement.gpus:
             loc = self._state.uuid_loc.get(share.uuid)
             if loc is None or loc[0] != node:
                 return f"GPU {share.uuid} is no longer on node {placement.node!r}"
+            model = gpus[loc[1]].model
+            if req.gpu_models and model not in req.gpu_models:
+                return f"GPU {share.uuid} is now a {model}, not {'|'.join(sorted(req.gpu_models))}"
+            if req.num_gpu and share.milli != MILLI:
+                return f"GPU {share.uuid} holds a fraction of a whole-GPU request"
             shares.append((loc[1], share.milli))
         if sum(m for _, m in shares) != req.total_gpu_milli:
             return "stored GPU shares do not add up to the request"

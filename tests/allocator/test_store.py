@@ -73,3 +73,14 @@ def test_a_failed_write_leaves_no_allocation(small_inventory):
     assert a.allocations() == []
     assert a.used_gpu_milli == 0
     assert a.capacity(Request("p", num_gpu=4)) == 2
+
+
+def test_a_gpu_whose_model_changed_makes_its_allocation_stale(tmp_path, make_node):
+    url = f"sqlite:///{tmp_path}/alloc.sqlite"
+    a = Allocator.open(Inventory([make_node("n", gpus=2)]), url)
+    a.place(Request("x", num_gpu=1, gpu_models=frozenset({"A100"})))
+    a.place(Request("y", num_gpu=1))
+    a.store.close()
+    b = Allocator.open(Inventory([make_node("n", gpus=2, model="T4")]), url)
+    assert [p.id for p in b.allocations()] == ["y"]
+    assert "T4" in b.stale[0].reason
