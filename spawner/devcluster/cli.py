@@ -87,10 +87,14 @@ def _print_status(status: dict) -> None:
     nodes = status.get("nodes") or {}
     for name, n in nodes.items():
         if isinstance(n, dict):
-            print(f"  node {name:<19} {'running' if n['running'] else 'stopped'}  {len(n['pods'])} pod(s)")
+            print(
+                f"  node {name:<19} {'running' if n['running'] else 'stopped'}  {len(n['pods'])} pod(s)"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpulab.spawner.devcluster", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m gpulab.spawner.devcluster", description=__doc__
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -300,6 +300,7 @@ class DevCluster:
             f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}",
             "--bind-address=127.0.0.1",
+            "--port=0",  # no insecure port (1.20 defaults to 0.0.0.0:10251/10252)
             "--leader-elect=false",
         ]
         self._start(

@@ -35,9 +35,17 @@ async def api_client(kubeconfig: str) -> client.ApiClient:
 
 
 async def raw(call: Awaitable[Any]) -> dict[str, Any]:
-    """The JSON body of a call made with _preload_content=False."""
+    """The JSON body of a call made with _preload_content=False; ApiException unless 2xx.
+
+    (kubernetes_asyncio checks the status only when it deserialises the response itself.)
+    """
     resp = await call
     try:
+        if not 200 <= resp.status < 300:
+            text = await resp.text()
+            e = ApiException(status=resp.status, reason=resp.reason)
+            e.body = text
+            raise e
         return dict(await resp.json())
     finally:
         resp.release()

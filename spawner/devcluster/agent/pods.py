@@ -606,6 +606,8 @@ class PodWorker:
     # -- deletion ---------------------------------------------------------------------------
 
     def _grace_seconds(self) -> float:
+        if self.deleted:  # force-deleted (gracePeriodSeconds=0): the object is gone, kill now
+            return 0.0
         meta, spec = self.pod["metadata"], self.pod.get("spec") or {}
         g = meta.get("deletionGracePeriodSeconds")
         if g is None:

@@ -1,0 +1,74 @@
+"""The real kube-scheduler places GPU pods on the agent's simulated nodes."""
+
+from __future__ import annotations
+
+from kubernetes_asyncio import client
+
+from gpulab.spawner.devcluster.agent.kube import api_client
+from tests.kube.conftest import Kube, pod_manifest, wait_for
+
+
+def test_scheduler_binds_eight_gpu_pods_and_leaves_the_ninth_pending(kube: Kube) -> None:
+    names = [kube.name(f"gpu{i}") for i in range(9)]
+    for name in names:
+        kube.create_pod(pod_manifest(name, ["sleep", "600"], gpus=1, node="gpu-a"))
+
+    def phases() -> list[str | None]:
+        return [kube.phase(n) for n in names]
+
+    wait_for("8 pods Running", lambda: phases().count("Running") == 8, timeout=90)
+    pending = [n for n in names if kube.phase(n) == "Pending"]
+    assert len(pending) == 1
+
+    def unschedulable() -> str:
+        conds = kube.pod(pending[0])["status"].get("conditions", [])
+        return next((c.get("message", "") for c in conds if c["type"] == "PodScheduled"), "")
+
+    message = wait_for("the 9th pod's PodScheduled=False", unschedulable)
+    assert "Insufficient nvidia.com/gpu" in message
+    assert kube.pod(pending[0])["spec"].get("nodeName") is None
+
+
+async def test_nodes_advertise_gpu_resources_labels_taints_and_leases(dev_cluster) -> None:
+    api = await api_client(str(dev_cluster.kubeconfig))
+    try:
+        core = client.CoreV1Api(api)
+        nodes = {n.metadata.name: n for n in (await core.list_node()).items}
+        a, b, spot = nodes["gpu-a"], nodes["gpu-b"], nodes["gpu-spot"]
+        assert a.status.allocatable["nvidia.com/gpu"] == "8"
+        assert a.status.capacity["nvidia.com/gpumem"] == str(8 * 81920)
+        assert a.status.capacity["nvidia.com/gpucores"] == "800"
+        assert a.status.capacity["pods"] == "110"
+        assert b.status.capacity["nvidia.com/mig-1g.10gb"] == "7"
+        assert b.status.capacity["nvidia.com/mig-3g.40gb"] == "2"
+        assert b.status.capacity["nvidia.com/gpu.shared"] == "8"
+        assert a.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+        assert a.metadata.labels["nvidia.com/gpu.count"] == "8"
+        assert b.metadata.labels["topology.kubernetes.io/zone"] == "zone-b"
+        assert b.metadata.labels["gpulab.io/rack"] == "rack-2"
+        assert a.metadata.labels["kubernetes.io/hostname"] == "gpu-a"
+        assert [t.key for t in spot.spec.taints or []] == ["gpulab.io/spot"]
+        ready = {c.type: c.status for c in a.status.conditions}
+        assert ready["Ready"] == "True"
+        leases = client.CoordinationV1Api(api)
+        lease = await leases.read_namespaced_lease("gpu-a", "kube-node-lease")
+        assert lease.spec.holder_identity == "gpu-a"
+    finally:
+        await api.close()
+
+
+def test_spot_node_takes_only_pods_that_tolerate_its_taint(kube: Kube) -> None:
+    plain, tolerant = kube.name("plain"), kube.name("tolerant")
+    kube.create_pod(pod_manifest(plain, ["sleep", "600"], node="gpu-spot"))
+    m = pod_manifest(tolerant, ["sleep", "600"], node="gpu-spot")
+    m["spec"]["tolerations"] = [
+        {"key": "gpulab.io/spot", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    kube.create_pod(m)
+    kube.wait_phase(tolerant, "Running")
+
+    def taint_message() -> str:
+        conds = kube.pod(plain)["status"].get("conditions", [])
+        return next((c.get("message", "") for c in conds if c["type"] == "PodScheduled"), "")
+
+    assert "taint" in wait_for("the intolerant pod to be unschedulable", taint_message)
