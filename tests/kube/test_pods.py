@@ -128,15 +128,15 @@ def test_pods_get_distinct_loopback_ips_and_serve_http_there(kube: Kube) -> None
 
 def test_init_container_runs_before_the_main_container(kube: Kube) -> None:
     name = kube.name("init")
-    m = pod_manifest(name, ["sh", "-c", "test -f /work/ready"])
+    m = pod_manifest(name, ["sh", "-c", "test -f /gpulab-work/ready"])
     m["spec"]["volumes"] = [{"name": "work", "emptyDir": {}}]
-    m["spec"]["containers"][0]["volumeMounts"] = [{"name": "work", "mountPath": "/work"}]
+    m["spec"]["containers"][0]["volumeMounts"] = [{"name": "work", "mountPath": "/gpulab-work"}]
     m["spec"]["initContainers"] = [
         {
             "name": "prepare",
             "image": "busybox",
-            "command": ["sh", "-c", "touch /work/ready"],
-            "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+            "command": ["sh", "-c", "touch /gpulab-work/ready"],
+            "volumeMounts": [{"name": "work", "mountPath": "/gpulab-work"}],
         }
     ]
     kube.create_pod(m)
