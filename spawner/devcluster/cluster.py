@@ -139,6 +139,16 @@ class DevCluster:
     def token(self) -> str:
         return str(self._read_state()["token"])
 
+    def env(self) -> dict[str, str]:
+        """Environment for a process that should talk to this cluster (KubeSpawner, kubectl)."""
+        return {"KUBECONFIG": str(self.kubeconfig)}
+
+    async def api_client(self) -> Any:
+        """A kubernetes_asyncio ApiClient for this cluster; the caller closes it."""
+        from .agent.kube import api_client
+
+        return await api_client(str(self.kubeconfig))
+
     def is_up(self) -> bool:
         found = self._procs()
         return (

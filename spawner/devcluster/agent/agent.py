@@ -109,7 +109,8 @@ class Agent:
         return env
 
     async def run(self) -> None:
-        self.api = await api_client(self.kubeconfig)
+        # one pod watch per node and two for the provisioner stay open; heartbeats need a few more
+        self.api = await api_client(self.kubeconfig, connections=2 * len(self.specs) + 40)
         self.base_env = self._base_env()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for i, spec in enumerate(self.specs):

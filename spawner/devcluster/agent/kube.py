@@ -28,9 +28,12 @@ def now_micro() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-async def api_client(kubeconfig: str) -> client.ApiClient:
+async def api_client(kubeconfig: str, *, connections: int = 100) -> client.ApiClient:
+    """A kubernetes_asyncio client for a kubeconfig; `connections` bounds its pool (each watch
+    holds one connection for as long as it runs)."""
     cfg = client.Configuration()
     await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    cfg.connection_pool_maxsize = connections
     return client.ApiClient(configuration=cfg)
 
 

@@ -161,9 +161,8 @@ class NodeHeartbeat:
                 self.coord.create_namespaced_lease(LEASE_NAMESPACE, body, _preload_content=False)
             )
 
-    async def _drop_failure_taints(self) -> None:
+    async def _drop_failure_taints(self, node: dict[str, Any]) -> None:
         """Remove unreachable/not-ready taints the node gained while its heartbeats were stopped."""
-        node = await raw(self.core.read_node(self.spec.name, _preload_content=False))
         taints = (node.get("spec") or {}).get("taints") or []
         keep = [t for t in taints if t.get("key") not in FAILURE_TAINTS]
         if len(keep) == len(taints):
