@@ -1,0 +1,92 @@
+"""Per-user checkpoint keys: the hub derives one per user from its secret; the kernel signs every
+checkpoint file with it and refuses to load anything it did not sign (pure: stdlib only).
+
+A checkpoint holds pickles, and unpickling runs code, so a file is loaded only after its
+HMAC-SHA256 under the owner's key checks out. Keys are per user: a checkpoint written for alice
+does not verify under bob's key, even when both servers run as the same system account.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from pathlib import Path
+
+#: environment variable carrying the user's key (hex) into the single-user server and its kernels
+KEY_ENV = "GPULAB_CHECKPOINT_KEY"
+#: environment variable naming the user the checkpoints belong to (defaults to JUPYTERHUB_USER)
+USER_ENV = "GPULAB_CHECKPOINT_USER"
+
+_KEY_CONTEXT = b"gpulab-checkpoint-key/v1\0"
+
+
+class CheckpointRefused(Exception):
+    """A checkpoint file is unsigned, signed with another key, altered, or malformed. Nothing from
+    it has been unpickled."""
+
+
+def derive_user_key(hub_secret: bytes, username: str) -> bytes:
+    """The 32-byte checkpoint key of `username`, derived from a hub secret (e.g. the hub's
+    cookie secret or a dedicated `checkpoint_secret`). Deterministic, so the hub never stores keys;
+    one user's key reveals nothing about another's."""
+    if len(hub_secret) < 16:
+        raise ValueError(
+            f"hub_secret is {len(hub_secret)} bytes; use at least 16 random bytes (e.g. the hub's cookie secret)"
+        )
+    if not username:
+        raise ValueError("username must not be empty")
+    return hmac.new(hub_secret, _KEY_CONTEXT + username.encode(), hashlib.sha256).digest()
+
+
+def key_to_env(key: bytes) -> str:
+    """How a key is written into `GPULAB_CHECKPOINT_KEY`."""
+    return key.hex()
+
+
+def key_from_env(environ: dict[str, str] | None = None, fallback_file: Path | None = None) -> bytes:
+    """The key from `GPULAB_CHECKPOINT_KEY`; without it, a key file created on first use (0600)
+    so that a kernel outside gpulab still signs its checkpoints."""
+    env = os.environ if environ is None else environ
+    raw = env.get(KEY_ENV, "").strip()
+    if raw:
+        try:
+            key = bytes.fromhex(raw)
+        except ValueError:
+            raise CheckpointRefused(f"{KEY_ENV} is not hex; the hub sets it to a 64-digit hex key") from None
+        if len(key) < 16:
+            raise CheckpointRefused(f"{KEY_ENV} holds {len(key)} bytes; expected 32")
+        return key
+    path = fallback_file or Path.home() / ".gpulab" / "checkpoint-key"
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = os.urandom(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex())
+    return key
+
+
+def user_from_env(environ: dict[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    user = env.get(USER_ENV) or env.get("JUPYTERHUB_USER")
+    if user:
+        return user
+    import getpass
+
+    return getpass.getuser()
+
+
+def new_mac(key: bytes) -> hmac.HMAC:
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def sign(key: bytes, data: bytes) -> str:
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a, b)
