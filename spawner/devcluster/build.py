@@ -60,7 +60,10 @@ def _log(msg: str) -> None:
     print(f"gpulab dev-cluster: {msg}", file=sys.stderr, flush=True)
 
 
-def missing_system_packages() -> list[str]:
+RUNTIME_PACKAGES = ("etcd-server", "openssl")
+
+
+def missing_system_packages(wanted: tuple[str, ...] = APT_PACKAGES) -> list[str]:
     """apt packages whose files are absent (checked by file, so no dpkg query is needed)."""
     checks = {
         "golang-go": shutil.which("go") or Path("/usr/lib/go/bin/go").exists(),
@@ -69,7 +72,7 @@ def missing_system_packages() -> list[str]:
         "golang-github-modern-go-reflect2-dev": REFLECT2_SRC.is_dir(),
         "openssl": shutil.which("openssl"),
     }
-    return [pkg for pkg, ok in checks.items() if not ok]
+    return [pkg for pkg, ok in checks.items() if not ok and pkg in wanted]
 
 
 def ensure_system_packages(packages: list[str] | None = None) -> None:

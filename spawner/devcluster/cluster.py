@@ -197,7 +197,7 @@ class DevCluster:
             self.log("a previous dev cluster is partly running; stopping it first")
             self.down()
         bins = build.ensure_binaries()
-        build.ensure_system_packages()
+        build.ensure_system_packages(build.missing_system_packages(build.RUNTIME_PACKAGES))
         etcd = shutil.which("etcd")
         if not etcd:
             raise DevClusterError("etcd is not installed: apt-get install -y etcd-server")

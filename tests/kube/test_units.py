@@ -1,0 +1,83 @@
+"""Pure parts of the dev cluster: node resources and labels, env and command-line rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulab.spawner.devcluster import NodeSpec
+from gpulab.spawner.devcluster.agent.podenv import (
+    EnvError,
+    container_argv,
+    container_env,
+    expand,
+    field_value,
+)
+from gpulab.spawner.devcluster.spec import capacity, labels, taints
+
+
+def test_node_spec_resources_cover_whole_mig_hami_and_time_sliced_gpus() -> None:
+    spec = NodeSpec("n", gpus=2, mig={"1g.10gb": 7}, time_slicing_replicas=3)
+    cap = capacity(spec)
+    assert cap["nvidia.com/gpu"] == "2"
+    assert cap["nvidia.com/mig-1g.10gb"] == "7"
+    assert cap["nvidia.com/gpu.shared"] == "6"
+    assert cap["nvidia.com/gpumem"] == str(2 * 81920)
+    assert cap["nvidia.com/gpucores"] == "200"
+    assert cap["pods"] == "110"
+    assert labels(spec)["nvidia.com/gpu.count"] == "2"
+
+
+def test_spot_node_is_labelled_and_tainted() -> None:
+    spec = NodeSpec("s", spot=True)
+    assert labels(spec)["gpulab.io/capacity-type"] == "spot"
+    assert taints(spec) == [{"key": "gpulab.io/spot", "value": "true", "effect": "NoSchedule"}]
+
+
+def test_node_spec_rejects_bad_values_with_the_field_name() -> None:
+    with pytest.raises(ValueError, match="NodeSpec.gpus"):
+        NodeSpec("n", gpus=-1)
+    with pytest.raises(ValueError, match="NodeSpec.name"):
+        NodeSpec("Bad Name")
+
+
+def test_node_spec_round_trips_through_a_dict() -> None:
+    spec = NodeSpec("n", mig={"3g.40gb": 2}, labels={"a": "b"})
+    assert NodeSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_expand_follows_kubernetes_rules() -> None:
+    env = {"A": "1"}
+    assert expand("$(A)-$(B)-$$(A)", env) == "1-$(B)-$(A)"
+
+
+def test_env_resolves_field_refs_and_replaces_the_any_address() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "x"}},
+        "spec": {"nodeName": "n1"},
+        "status": {"podIP": "127.9.1.5"},
+    }
+    container = {
+        "name": "c",
+        "env": [
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "URL", "value": "http://0.0.0.0:8888/"},
+            {"name": "SELF", "value": "$(IP)"},
+        ],
+        "args": ["--ip=0.0.0.0", "$(SELF)"],
+    }
+    env = container_env(pod, container, base={}, configmaps={}, secrets={}, node_capacity={})
+    assert env == {"IP": "127.9.1.5", "URL": "http://127.9.1.5:8888/", "SELF": "127.9.1.5"}
+    assert container_argv(container, env, "127.9.1.5") == ["--ip=127.9.1.5", "127.9.1.5"]
+    assert field_value(pod, "metadata.labels['app']") == "x"
+
+
+def test_missing_configmap_key_is_a_config_error_that_names_it() -> None:
+    container = {
+        "name": "c",
+        "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}],
+    }
+    pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {}, "status": {}}
+    with pytest.raises(EnvError, match='configmap "cm" has no key "k"'):
+        container_env(
+            pod, container, base={}, configmaps={"cm": {"data": {}}}, secrets={}, node_capacity={}
+        )
