@@ -38,6 +38,15 @@ c.KubeSpawner.namespace = "default"
 c.KubeSpawner.image = "quay.io/jupyter/base-notebook:latest"  # not pulled: the agent runs cmd
 c.KubeSpawner.cmd = [{singleuser!r}]
 c.KubeSpawner.args = ["--allow-root"]  # the agent ignores runAsUser: servers run as its user
+c.KubeSpawner.extra_resource_limits = {{"nvidia.com/gpu": "1"}}
+c.KubeSpawner.node_selector = {{"kubernetes.io/hostname": "gpu-a"}}
+c.KubeSpawner.storage_pvc_ensure = True
+c.KubeSpawner.storage_class = "gpulab-local"
+c.KubeSpawner.storage_capacity = "1Gi"
+c.KubeSpawner.pvc_name_template = "claim-{{username}}"
+c.KubeSpawner.volumes = [{{"name": "home", "persistentVolumeClaim": {{"claimName": "claim-kubeuser"}}}}]
+c.KubeSpawner.volume_mounts = [{{"name": "home", "mountPath": "/home/jovyan"}}]
+c.KubeSpawner.working_dir = "/home/jovyan"
 c.KubeSpawner.start_timeout = 120
 c.KubeSpawner.http_timeout = 90
 """
@@ -101,7 +110,10 @@ def hub(tmp_path: Path, dev_cluster):
         log.close()
 
 
-def test_unmodified_kubespawner_spawns_a_server_to_ready_and_stops_it(hub, kube: Kube) -> None:
+def test_unmodified_kubespawner_spawns_a_gpu_server_with_a_home_volume_and_stops_it(
+    hub, kube: Kube
+) -> None:
+    kube.pvcs.append("claim-kubeuser")
     hub("POST", "/users/kubeuser")
     t0 = time.monotonic()
     hub("POST", "/users/kubeuser/server")  # waits up to JupyterHub's slow_spawn_timeout (10 s)
@@ -115,5 +127,9 @@ def test_unmodified_kubespawner_spawns_a_server_to_ready_and_stops_it(hub, kube:
     pod = kube.pod("jupyter-kubeuser")
     assert pod is not None and pod["status"]["phase"] == "Running"
     assert pod["status"]["podIP"].startswith("127.")
+    assert pod["spec"]["nodeName"] == "gpu-a"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    pvc = kube.api("GET", "/api/v1/namespaces/default/persistentvolumeclaims/claim-kubeuser")
+    assert pvc["status"]["phase"] == "Bound"
     hub("DELETE", "/users/kubeuser/server")
     kube.wait_gone("jupyter-kubeuser", timeout=90)
