@@ -33,6 +33,18 @@ _MAX_HEADER = 1 << 20
 _hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulab-ckpt-hash")
 
 
+def _submit(update: Any, chunk: memoryview) -> Future[None]:
+    """Hash on the helper thread; inline once the interpreter is shutting down (atexit saves run
+    after concurrent.futures stops accepting work)."""
+    try:
+        return _hasher.submit(update, chunk)
+    except RuntimeError:
+        update(chunk)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+
 def _pad(n: int) -> int:
     return (-n) % ALIGN
 
@@ -83,7 +95,7 @@ def write_blob(
                     continue
                 if pending is not None:
                     pending.result()
-                pending = _hasher.submit(mac.update, chunk)
+                pending = _submit(mac.update, chunk)
                 _write_all(fd, chunk)
                 size += chunk.nbytes
         if pending is not None:
@@ -147,7 +159,7 @@ def read_blob(
                     got += n
                 if pending is not None:
                     pending.result()
-                pending = _hasher.submit(mac.update, chunk)
+                pending = _submit(mac.update, chunk)
                 off += chunk.nbytes
         if pending is not None:
             pending.result()

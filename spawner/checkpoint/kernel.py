@@ -93,6 +93,7 @@ class CheckpointExtension:
         self._exit_after_save = False
         self._final_done = False
         self._previous_sigterm: Any = None
+        self.disabled = ""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -105,13 +106,21 @@ class CheckpointExtension:
                     log.info("gpulab checkpoint: %s", report.summary())
                     self.offer = f"gpulab: {report.summary()} (automatic restore after a restart)"
             except CheckpointRefused as e:
-                self.offer = f"gpulab: checkpoint not restored: {e}"
+                self.disabled = f"checkpoints are off in this kernel: {e}. Move {self.store.path} away to start afresh."
+                self.offer = f"gpulab: checkpoint not restored; {self.disabled}"
         else:
             try:
                 offered = self.store.offer_previous()
                 if offered is not None:
                     self.offer = f"gpulab: {offered.describe()}: run %gpulab_restore"
-            except (CheckpointRefused, TimeoutError) as e:
+            except CheckpointRefused as e:
+                # never overwrite what does not verify under this user's key: save nothing
+                self.disabled = (
+                    f"checkpoints are off in this kernel: {e}. Move {self.store.path} away to "
+                    "start afresh."
+                )
+                self.offer = f"gpulab: {self.disabled}"
+            except TimeoutError as e:
                 self.offer = f"gpulab: checkpoint not offered: {e}"
         events = self.shell.events
         events.register("pre_run_cell", self._pre_run_cell)
@@ -204,6 +213,8 @@ class CheckpointExtension:
     # -- API -----------------------------------------------------------------------------------
 
     def save(self, exact: bool = True) -> SaveReport:
+        if self.disabled:
+            return SaveReport("full" if exact else "incremental", False, skipped=self.disabled)
         report = self.checkpointer.save(self.shell.user_ns, self.shell.user_ns_hidden, exact=exact)
         self.last_save = report
         if self._exit_after_save:

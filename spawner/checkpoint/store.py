@@ -205,22 +205,18 @@ class CheckpointStore:
 
     def offer_previous(self) -> Manifest | None:
         """At kernel start: move the current checkpoint aside as the offered one (a fresh kernel
-        must not overwrite state its user has not restored yet). Returns what is offered."""
+        must not overwrite state its user has not restored yet). Returns what is offered; raises
+        CheckpointRefused, changing nothing, when a manifest does not verify."""
         with self.lock():
-            try:
-                current = self.read_manifest(CURRENT)
-            except CheckpointRefused:
-                current = None
+            current = self.read_manifest(CURRENT)  # CheckpointRefused: touch nothing
             if current is not None and current.count:
                 os.replace(self.path / CURRENT, self.path / OFFERED)
                 fsync_dir(self.path)
                 return current
+            offered = self.read_manifest(OFFERED)
             with contextlib.suppress(FileNotFoundError):
                 (self.path / CURRENT).unlink()
-        try:
-            return self.read_manifest(OFFERED)
-        except CheckpointRefused:
-            return None
+            return offered
 
     def drop(self, which: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -233,7 +229,7 @@ class CheckpointStore:
             try:
                 m = self.read_manifest(which)
             except (CheckpointRefused, ValueError):
-                continue  # not ours to judge: leave its blobs alone
+                return  # a manifest we cannot verify: not ours to judge, leave every blob alone
             if m is not None:
                 keep.update(e.blob for e in m.variables.values())
         if not self.blobs.is_dir():
