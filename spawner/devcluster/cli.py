@@ -77,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_status(status: dict) -> None:
-    print(f"dev cluster: {'up' if status['up'] else 'down'} (state {status['state_dir']})")
+    some = any(p["running"] for p in status["processes"].values())
+    state = "up" if status["up"] else ("partly running (up restarts it)" if some else "down")
+    print(f"dev cluster: {state} (state {status['state_dir']})")
     if status["up"]:
         print(f"  API:        {status['api']}")
         print(f"  kubeconfig: {status['kubeconfig']}")

@@ -72,3 +72,20 @@ def test_spot_node_takes_only_pods_that_tolerate_its_taint(kube: Kube) -> None:
         return next((c.get("message", "") for c in conds if c["type"] == "PodScheduled"), "")
 
     assert "taint" in wait_for("the intolerant pod to be unschedulable", taint_message)
+
+
+def test_heartbeats_renew_the_lease_and_the_ready_condition(kube: Kube) -> None:
+    def lease_time() -> str:
+        lease = kube.api(
+            "GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/gpu-b"
+        )
+        return lease["spec"]["renewTime"]
+
+    def heartbeat_time() -> str:
+        conds = kube.node("gpu-b")["status"]["conditions"]
+        return next(c["lastHeartbeatTime"] for c in conds if c["type"] == "Ready")
+
+    lease, beat = lease_time(), heartbeat_time()
+    wait_for("the Lease to be renewed", lambda: lease_time() != lease, 30, interval=0.5)
+    wait_for("a new Ready heartbeat", lambda: heartbeat_time() != beat, 30, interval=0.5)
+    assert kube.node_ready("gpu-b") == "True"

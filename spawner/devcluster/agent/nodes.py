@@ -112,7 +112,7 @@ class NodeHeartbeat:
         )
 
     async def heartbeat(self) -> None:
-        await raw(
+        node = await raw(
             self.core.patch_node_status(
                 self.spec.name,
                 {"status": self._status()},
@@ -121,7 +121,7 @@ class NodeHeartbeat:
             )
         )
         await self._renew_lease()
-        await self._drop_failure_taints()
+        await self._drop_failure_taints(node)
 
     async def _renew_lease(self) -> None:
         name = self.spec.name

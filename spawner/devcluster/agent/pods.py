@@ -217,11 +217,14 @@ class PodWorker:
         self.initialized = True
         self.tasks = [asyncio.create_task(self._supervise(cs, volumes)) for cs in self.containers]
         done = asyncio.gather(*self.tasks)
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
         while not self.deleting and not done.done():
             self.changed.clear()
             waiter = asyncio.create_task(self.changed.wait())
-            await asyncio.wait([waiter, done], return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            try:
+                await asyncio.wait([waiter, done], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
         if self.deleting:
             await self._terminate()
             return
