@@ -169,9 +169,7 @@ class ContainerProcess:
                 asyncio.shield(self.wait()), max(0.0, deadline - time.monotonic())
             )
         except asyncio.TimeoutError:
-            log.info(
-                "container %s ignored SIGTERM until the grace period ended; SIGKILL", self.name
-            )
+            log.info("container %s still runs at the end of its grace period: SIGKILL", self.name)
         self.signal(signal.SIGKILL)
         return await self.wait()
 
