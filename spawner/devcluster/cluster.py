@@ -346,6 +346,8 @@ class DevCluster:
         nodes_file = self.state_dir / "nodes.json"
         nodes_file.write_text(json.dumps([n.to_dict() for n in nodes], indent=2))
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # pods find this environment's commands (jupyterhub-singleuser...) on their PATH
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
         self._start(
             state,
             "agent",

@@ -106,10 +106,9 @@ def pod_manifest(
 class Kube:
     """Blocking helpers over the cluster's REST API; deletes what the test created."""
 
-    ns = "default"
-
-    def __init__(self, cluster: DevCluster) -> None:
+    def __init__(self, cluster: DevCluster, ns: str = "default") -> None:
         self.cluster = cluster
+        self.ns = ns
         self.pods: list[str] = []
         self.pvcs: list[str] = []
 
@@ -190,6 +189,27 @@ def kube(dev_cluster: DevCluster) -> Iterator[Kube]:
     k = Kube(dev_cluster)
     yield k
     k.close()
+
+
+@pytest.fixture
+def kube_ns(dev_cluster: DevCluster) -> Iterator[Kube]:
+    """Like `kube`, in a fresh namespace (ready for pods: its ServiceAccount token exists);
+    the namespace is deleted afterwards."""
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    dev_cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+
+    def service_account_ready() -> bool:
+        try:
+            sa = dev_cluster.api("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")
+        except urllib.error.HTTPError:
+            return False
+        return bool(sa.get("secrets"))
+
+    wait_for(f"namespace {name}'s default ServiceAccount", service_account_ready, 60)
+    k = Kube(dev_cluster, name)
+    yield k
+    k.close()
+    dev_cluster.api("DELETE", f"/api/v1/namespaces/{name}")
 
 
 def container_state(pod: dict[str, Any]) -> dict[str, Any]:

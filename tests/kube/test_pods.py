@@ -143,3 +143,11 @@ def test_init_container_runs_before_the_main_container(kube: Kube) -> None:
     pod = kube.wait_phase(name, "Succeeded", "Failed")
     assert pod["status"]["phase"] == "Succeeded"
     assert pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
+def test_pod_in_its_own_namespace_sees_that_namespace(kube_ns: Kube) -> None:
+    name = kube_ns.name("nspod")
+    m = pod_manifest(name, ["sh", "-c", f'test "$NS" = {kube_ns.ns}'])
+    m["spec"]["containers"][0]["env"].append(field_env("NS", "metadata.namespace"))
+    kube_ns.create_pod(m)
+    assert kube_ns.wait_phase(name, "Succeeded", "Failed")["status"]["phase"] == "Succeeded"
