@@ -9,9 +9,11 @@ half-filled cache; a file lock keeps two concurrent callers from building twice.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -99,7 +101,17 @@ def _run(cmd: list[str], *, what: str, log: Path | None = None, **kw) -> None:
         with log.open("a") as fh:
             fh.write(f"\n$ {' '.join(cmd)}\n")
             fh.flush()
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, **kw)
+            # own process group: an interrupted build takes make's compiler children with it
+            proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, **kw
+            )
+            try:
+                proc.wait()
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
         out = log.read_text(errors="replace")
     if proc.returncode != 0:
         tail = "\n".join(out.strip().splitlines()[-25:])
