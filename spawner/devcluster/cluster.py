@@ -518,6 +518,9 @@ class DevCluster:
         strays = procs.stray_processes(marker, ("launcher.py", AGENT_MODULE, "kube-", "etcd"))
         if strays:
             stopped += procs.stop(strays, grace_seconds=2)
+        from .agent.runtime import remove_recorded
+
+        remove_recorded(self.state_dir / "agent" / "host-paths.json")
         if purge:
             self._clean_data(logs=False)
         elif self._state_file.exists():

@@ -90,7 +90,7 @@ class Agent:
             heartbeat,
         )
         self.octet = address_octet(state_dir)
-        self.host_paths = HostPaths()
+        self.host_paths = HostPaths(state_dir / "host-paths.json")
         self.nodes: dict[str, SimulatedNode] = {}
         self.base_env: dict[str, str] = {}
         self.api: client.ApiClient

@@ -26,6 +26,21 @@ class StartError(RuntimeError):
     """The container's process could not start (reason StartError, exit code 128)."""
 
 
+def remove_recorded(record: Path) -> None:
+    """Remove the (still empty) mount points a killed agent left behind, deepest first."""
+    try:
+        paths = [Path(p) for p in json.loads(record.read_text())]
+    except (OSError, ValueError):
+        return
+    for q in sorted(paths, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            if q.is_dir():
+                q.rmdir()
+            elif q.stat().st_size == 0:
+                q.unlink()
+    record.unlink(missing_ok=True)
+
+
 class HostPaths:
     """Mount points a pod needs that do not exist on the host: created, shared, removed again.
 
@@ -34,8 +49,15 @@ class HostPaths:
     and removed (only if still empty) when the last pod using them is gone.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, record: Path | None = None) -> None:
         self._refs: dict[Path, int] = {}
+        self._record = record  # what is held, for `down` to clean up after a killed agent
+
+    def _save(self) -> None:
+        if self._record is not None:
+            tmp = self._record.with_suffix(".tmp")
+            tmp.write_text(json.dumps(sorted(str(p) for p in self._refs)))
+            tmp.replace(self._record)
 
     def acquire(self, path: Path, *, is_file: bool = False) -> list[Path]:
         created: list[Path] = []
@@ -53,6 +75,7 @@ class HostPaths:
         held = [*created, *(q for q in self._refs if q in path.parents or q == path)]
         for q in dict.fromkeys(held):
             self._refs[q] = self._refs.get(q, 0) + 1
+        self._save()
         return list(dict.fromkeys(held))
 
     def release(self, paths: list[Path]) -> None:
@@ -67,6 +90,7 @@ class HostPaths:
                     q.rmdir()  # only empty: never remove what someone put there
                 elif q.stat().st_size == 0:
                     q.unlink()
+        self._save()
 
 
 @dataclass
