@@ -114,16 +114,25 @@ class GPUCapacity(SingletonConfigurable):
         "auto",
         config=True,
         help="""Where the GPU inventory comes from: 'nvml' (discover GPUs through the NVIDIA
-        driver), 'declared' (use `declared_inventory`, for machines without a driver), or 'auto'
-        (NVML when a driver answers, otherwise the declared inventory).""",
+        driver), 'declared' (use `declared_inventory`, for machines without a driver), 'auto'
+        (NVML when a driver answers, otherwise the declared inventory), or 'kubernetes' (the
+        cluster's Nodes; the default when JupyterHub.spawner_class is a Kubernetes spawner).""",
     )
+
+    @default("inventory_source")
+    def _default_inventory_source(self) -> str:
+        # a hub that spawns on Kubernetes takes its inventory from the cluster's Nodes
+        spawner = self.config.get("JupyterHub", {}).get("spawner_class", "")
+        spawner_name = getattr(spawner, "__name__", str(spawner)).lower()
+        return "kubernetes" if "kube" in spawner_name else "auto"
 
     @validate("inventory_source")
     def _check_source(self, proposal: Any) -> str:
         value = proposal["value"]
-        if value not in ("auto", "nvml", "declared"):
+        if value not in ("auto", "nvml", "declared", "kubernetes"):
             raise ValueError(
-                f"GPUCapacity.inventory_source must be 'auto', 'nvml' or 'declared', not {value!r}"
+                "GPUCapacity.inventory_source must be 'auto', 'nvml', 'declared' or 'kubernetes', "
+                f"not {value!r}"
             )
         return str(value)
 
@@ -205,22 +214,31 @@ class GPUCapacity(SingletonConfigurable):
         self._release_event: asyncio.Event | None = None
         self._events: dict[str, list[dict[str, Any]]] = {}
         self._fits_idle: dict[str, bool] = {}
-        node, self.inventory_label = self._discover()
-        self.inventory = Inventory([node])
-        self.catalog = self._load_catalog()
-        self.allocator = Allocator.open(
-            self.inventory,
-            db_url=self.db_url,
-            policy=self.placement_policy,
-            headroom_fraction=self.headroom_fraction,
-            quota=self._quota(),
-        )
+        self._notices: dict[str, list[str]] = {}
+        self.quota = self._quota()
+        if self.inventory_source == "kubernetes":
+            # the cluster's Nodes and pods are the inventory and the allocations; the Kubernetes
+            # spawner attaches them once its watches have synced
+            self.inventory = Inventory([])
+            self.inventory_label = "Kubernetes cluster (not synced yet)"
+            self.catalog = self._load_catalog(check_models=False)
+            self.allocator = Allocator(self.inventory, policy=self.placement_policy)
+        else:
+            node, self.inventory_label = self._discover()
+            self.inventory = Inventory([node])
+            self.catalog = self._load_catalog()
+            self.allocator = Allocator.open(
+                self.inventory,
+                db_url=self.db_url,
+                policy=self.placement_policy,
+                headroom_fraction=self.headroom_fraction,
+                quota=self.quota,
+            )
         self.log.info(
-            "gpulab GPU inventory: %s; %d profiles; %d allocations restored from %s",
+            "gpulab GPU inventory: %s; %d profiles; %d allocations restored",
             self.inventory_label,
             len(self.catalog),
             len(self.allocator.allocations()),
-            self.db_url,
         )
         self._reconciled = False
 
@@ -266,7 +284,13 @@ class GPUCapacity(SingletonConfigurable):
     def inventory_is_declared(self) -> bool:
         return self.inventory_label.startswith("declared")
 
-    def _load_catalog(self) -> list[Profile]:
+    def attach(self, allocator: Allocator, inventory: Inventory, label: str) -> None:
+        """Use an allocator maintained elsewhere (the Kubernetes backend's, rebuilt from the
+        cluster's Nodes and pods)."""
+        self.allocator, self.inventory, self.inventory_label = allocator, inventory, label
+        self._fits_idle.clear()
+
+    def _load_catalog(self, check_models: bool = True) -> list[Profile]:
         entries: Any = self.profiles
         if self.profiles_file:
             data = yaml.safe_load(Path(self.profiles_file).read_text())
@@ -275,7 +299,7 @@ class GPUCapacity(SingletonConfigurable):
                 raise ProfileError(
                     f"GPUCapacity.profiles_file {self.profiles_file}: expected a list of profiles"
                 )
-        return parse_catalog(entries, known_models=self.inventory.models)
+        return parse_catalog(entries, known_models=self.inventory.models if check_models else None)
 
     def _quota(self) -> Quota:
         users = {
@@ -391,6 +415,15 @@ class GPUCapacity(SingletonConfigurable):
         events = self._events.setdefault(allocation_id, [])
         events.append({"time": time.time(), "stage": stage, "message": message})
         del events[:-20]
+
+    def record_notice(self, user: str, message: str) -> None:
+        """Something a user should read next time they open the picker (e.g. a preemption)."""
+        notices = self._notices.setdefault(user, [])
+        notices.append(message)
+        del notices[:-5]
+
+    def take_notices(self, user: str) -> list[str]:
+        return self._notices.pop(user, [])
 
     def events_for(self, allocation_id: str) -> list[dict[str, Any]]:
         return list(self._events.get(allocation_id, []))

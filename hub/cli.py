@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="an extra JupyterHub config file (profiles, quotas...)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed on to jupyterhub")
     p.set_defaults(func=run)
-    d = sub.add_parser("dev-cluster", help="a local Kubernetes control plane with simulated GPU nodes")
+    d = sub.add_parser(
+        "dev-cluster", help="a local Kubernetes control plane with simulated GPU nodes"
+    )
     _add_dev_cluster(d)
     args = parser.parse_args(argv)
     return int(args.func(args))

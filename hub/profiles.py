@@ -104,7 +104,7 @@ def parse_gpus(value: Any, *, field_name: str = "gpus") -> Fraction:
             raise ProfileError(
                 f"{field_name}: expected a number of GPUs like 0, '1/4' or 2, got {value!r}"
             )
-    except (ValueError, ZeroDivisionError) as e:
+    except (ValueError, ZeroDivisionError, OverflowError) as e:
         if isinstance(e, ProfileError):
             raise
         raise ProfileError(

@@ -107,6 +107,8 @@ class GPUSpawnerMixin(Configurable):
     async def gpulab_options_form(self, spawner: Any = None) -> str:
         capacity = self.gpu_capacity
         profiles = capacity.visible_profiles(self.user_groups, self.is_admin)
+        if not profiles:
+            return "<p>No profile is available to you; ask an admin to add you to a group.</p>"
         previous = (self.user_options or {}).get("profile")
         default = previous if capacity.profile(str(previous)) else None
         default = default or next((p.slug for p in profiles if p.default), profiles[0].slug)
@@ -121,6 +123,7 @@ class GPUSpawnerMixin(Configurable):
             inventory_label=capacity.inventory_label,
             declared=capacity.inventory_is_declared,
             quota=capacity.quota_summary(self.user.name, self.user_groups),
+            notices=capacity.take_notices(self.user.name),
         )
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ _TEMPLATE = Environment(autoescape=select_autoescape(default=True)).from_string(
     {%- if declared %} <span class="badge text-bg-warning" title="No NVIDIA driver on this machine: the
     GPUs are declared in the hub config, not measured.">declared</span>{% endif %}
   </p>
+  {% for notice in notices %}<div class="alert alert-warning gpulab-notice">{{ notice }}</div>{% endfor %}
   {% if quota %}<p class="gpulab-quota">{{ quota }}</p>{% endif %}
   {% for row in rows %}
   <label class="gpulab-profile{% if row.full %} gpulab-full{% endif %}" for="profile-{{ row.slug }}"
@@ -63,8 +64,13 @@ _TEMPLATE = Environment(autoescape=select_autoescape(default=True)).from_string(
 
 
 def render_picker(
-    rows: Sequence[PickerRow], *, inventory_label: str, declared: bool, quota: str | None
+    rows: Sequence[PickerRow],
+    *,
+    inventory_label: str,
+    declared: bool,
+    quota: str | None,
+    notices: Sequence[str] = (),
 ) -> str:
     return _TEMPLATE.render(
-        rows=rows, inventory_label=inventory_label, declared=declared, quota=quota
+        rows=rows, inventory_label=inventory_label, declared=declared, quota=quota, notices=notices
     )

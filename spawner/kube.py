@@ -1,0 +1,350 @@
+"""GPUKubeSpawner: KubeSpawner with gpulab's profiles, quotas, allocator and preemption.
+
+The shared mixin resolves the profile and checks it against the user's groups; this module maps
+the placement to the pod (resources of the configured sharing backend, node affinity, priority
+class, tolerations, annotations), keeps the allocator current from watches of the cluster, evicts
+preemptible servers for on-demand ones, and notices servers lost with their node.
+Upstream `profile_list` keeps working unchanged: with it set, this is plain KubeSpawner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, ClassVar
+
+from kubernetes_asyncio.client import V1DeleteOptions
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubespawner import KubeSpawner
+from tornado import web
+from traitlets import Dict, Float, Unicode, default, validate
+
+from gpulab.hub.allocator import NoCapacity, Placement, QuotaExceeded
+from gpulab.hub.inventory import KNOWN_MODELS
+from gpulab.hub.profiles import Profile
+from gpulab.spawner.environment import AssignedGPU, Enforcement
+from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
+from gpulab.spawner.kube_resources import ISOLATION, SHARING_BACKENDS, gpu_spec
+from gpulab.spawner.kube_state import PLACEMENT_ANNOTATION, KubeGPUState, placement_annotation
+
+
+class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
+    """One pod per server, with a whole GPU or a share of one, placed by gpulab's allocator."""
+
+    gpu_sharing = Unicode(
+        "mig",
+        config=True,
+        help="""How a fraction of a GPU is enforced on Kubernetes: 'mig' (a MIG slice, hardware
+        isolation; needs MIG-partitioned GPUs), 'hami' (HAMi's memory/compute limits) or
+        'time-slicing' (NVIDIA device plugin replicas, no isolation). Each states its isolation
+        level in the profile picker.""",
+    )
+
+    @validate("gpu_sharing")
+    def _check_sharing(self, proposal: Any) -> str:
+        if proposal["value"] not in SHARING_BACKENDS:
+            raise ValueError(
+                f"GPUKubeSpawner.gpu_sharing must be one of {list(SHARING_BACKENDS)}, "
+                f"not {proposal['value']!r}"
+            )
+        return str(proposal["value"])
+
+    priority_classes = Dict(
+        {"on-demand": ["gpulab-on-demand", 1000], "preemptible": ["gpulab-preemptible", 100]},
+        config=True,
+        help="""PriorityClass [name, value] per profile priority; gpulab creates missing ones.
+        Preemptible servers are the ones evicted for on-demand work.""",
+    )
+
+    node_failure_seconds = Float(
+        30.0,
+        config=True,
+        help="""How long the node of a running server may be NotReady (or gone) before the server
+        counts as lost: its pod is force-deleted and its GPU share released, instead of showing as
+        running until Kubernetes evicts it minutes later.""",
+    )
+
+    @default("delete_grace_period")
+    def _default_grace(self) -> int:
+        # long enough for the kernel-state checkpoint to be written on SIGTERM
+        return 60
+
+    _state: ClassVar[KubeGPUState | None] = None
+    _state_lock: ClassVar[asyncio.Lock | None] = None
+    _priority_classes_ready: ClassVar[bool] = False
+
+    # -- configuration glue --------------------------------------------------------------------
+
+    @default("options_form")
+    def _gpulab_kube_options_form(self) -> Any:
+        if self.profile_list:
+            return KubeSpawner._options_form_default(self)
+        return self.gpulab_options_form
+
+    @default("options_from_form")
+    def _gpulab_kube_options_from_form(self) -> Any:
+        if self.profile_list:
+            return self._options_from_form
+        return lambda formdata: GPUSpawnerMixin.options_from_form(self, formdata)
+
+    def gpulab_apply_user_options(self, user_options: Any) -> None:
+        if self.profile_list:
+            return  # upstream profile_list: KubeSpawner validates in load_user_options
+        super().gpulab_apply_user_options(user_options)
+
+    def describe_enforcement(self, gpus: list[AssignedGPU]) -> Enforcement:
+        if not gpus:
+            return Enforcement("cpu-only", ISOLATION["cpu"])
+        if all(g.milli == 1000 for g in gpus):
+            return Enforcement("exclusive", ISOLATION["whole"])
+        return Enforcement(self.gpu_sharing, ISOLATION[self.gpu_sharing])
+
+    # -- cluster state -------------------------------------------------------------------------
+
+    async def gpu_state(self) -> KubeGPUState:
+        cls = type(self)
+        if cls._state_lock is None:
+            cls._state_lock = asyncio.Lock()
+        async with cls._state_lock:
+            if cls._state is None:
+                capacity = self.gpu_capacity
+                state = KubeGPUState(
+                    self.api,
+                    self.api.api_client,
+                    policy=capacity.placement_policy,
+                    headroom_fraction=capacity.headroom_fraction,
+                    quota=capacity.quota,
+                    on_rebuild=lambda allocator, inventory: capacity.attach(
+                        allocator, inventory, f"Kubernetes: {self._describe(inventory)}"
+                    ),
+                    log=self.log,
+                )
+                state.start()
+                await asyncio.wait_for(state.wait_synced(), self.k8s_api_request_retry_timeout)
+                cls._state = state
+            if not cls._priority_classes_ready:
+                await self._ensure_priority_classes()
+                cls._priority_classes_ready = True
+        return cls._state
+
+    @staticmethod
+    def _describe(inventory: Any) -> str:
+        gpus = sum(len(n.gpus) for n in inventory.nodes)
+        models = sorted(inventory.models)
+        return f"{len(inventory.nodes)} nodes, {gpus} GPUs ({', '.join(models) or 'none'})"
+
+    async def _ensure_priority_classes(self) -> None:
+        from kubernetes_asyncio.client import SchedulingV1Api, V1ObjectMeta, V1PriorityClass
+
+        api = SchedulingV1Api(self.api.api_client)
+        for priority, (name, value) in self.priority_classes.items():
+            body = V1PriorityClass(
+                metadata=V1ObjectMeta(name=name, labels={"app.kubernetes.io/managed-by": "gpulab"}),
+                value=int(value),
+                global_default=False,
+                description=f"gpulab {priority} servers",
+            )
+            try:
+                await api.create_priority_class(body)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+
+    async def gpulab_options_form(self, spawner: Any = None) -> str:
+        await self.gpu_state()
+        return await super().gpulab_options_form(spawner)
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def _gpu_memory_mib(self, placement: Placement) -> int:
+        if not placement.gpus:
+            return 0
+        gpu = self.gpu_capacity.gpu_by_uuid(placement.gpus[0].uuid)
+        if gpu.memory_mib:
+            return int(gpu.memory_mib)
+        known = KNOWN_MODELS.get(gpu.model)
+        if known is None:
+            raise web.HTTPError(
+                409, f"GPU model {gpu.model!r} of node {placement.node} has no known memory size"
+            )
+        return known.memory_mib
+
+    async def _place(self, profile: Profile) -> Placement:
+        """Allocate, evicting preemptible servers when an on-demand request does not fit."""
+        capacity = self.gpu_capacity
+        request = capacity.request_for(
+            profile, allocation_id=self.allocation_id, owner=self.user.name, groups=self.user_groups
+        )
+        try:
+            return await self.gpulab_allocate(profile)
+        except web.HTTPError as e:
+            if e.status_code != 409 or profile.priority != "on-demand":
+                raise
+        try:
+            placement, victims = await asyncio.to_thread(
+                capacity.allocator.preempt_and_place, request
+            )
+        except (NoCapacity, QuotaExceeded):
+            raise web.HTTPError(
+                409,
+                f"Profile {profile.display_name!r} cannot start now: no GPUs are free and no "
+                "preemptible server can make room",
+            ) from None
+        for victim in victims:
+            await self._evict(victim, reason=f"preempted for on-demand server {request.id}")
+        self.gpulab_placement = placement
+        return placement
+
+    async def _evict(self, victim: Placement, reason: str) -> None:
+        state = await self.gpu_state()
+        message = (
+            f"Your server {victim.request.id} was stopped at {time.strftime('%H:%M')}: {reason}"
+        )
+        self.gpu_capacity.record_event(victim.request.id, "preempted", message)
+        self.gpu_capacity.record_notice(victim.request.owner, message)
+        for key, pod in list(state.pods.objects.items()):
+            annotation = (pod["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION, "")
+            if f'"id": "{victim.request.id}"' not in annotation:
+                continue
+            namespace, name = key.split("/", 1)
+            grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+            self.log.warning("Evicting %s (%s): %s", key, victim.request.id, reason)
+            await self._record_pod_event(pod, "Preempted", reason)
+            try:
+                await self.api.delete_namespaced_pod(
+                    name, namespace, body=V1DeleteOptions(grace_period_seconds=grace)
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+    async def _record_pod_event(self, pod: dict[str, Any], reason: str, message: str) -> None:
+        from kubernetes_asyncio.client import (
+            CoreV1Event,
+            V1EventSource,
+            V1ObjectMeta,
+            V1ObjectReference,
+        )
+
+        meta = pod["metadata"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = CoreV1Event(
+            metadata=V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+            involved_object=V1ObjectReference(
+                kind="Pod", name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid")
+            ),
+            reason=reason,
+            message=message,
+            type="Warning",
+            source=V1EventSource(component="gpulab"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            await self.api.create_namespaced_event(meta["namespace"], event)
+        except ApiException as e:
+            self.log.warning("could not record event on %s: %s", meta["name"], e)
+
+    def _apply_placement(self, profile: Profile, placement: Placement) -> None:
+        spec = gpu_spec(
+            num_gpu=profile.num_gpu,
+            gpu_milli=profile.gpu_milli,
+            gpu_models=profile.gpu_models,
+            gpu_memory_mib=self._gpu_memory_mib(placement),
+            sharing=self.gpu_sharing,
+            priority=profile.priority,
+            node_name=placement.node,
+            priority_classes={p: v[0] for p, v in self.priority_classes.items()},
+        )
+        self.extra_resource_limits = {**self.extra_resource_limits, **spec.limits}
+        self.extra_resource_guarantees = {**self.extra_resource_guarantees, **spec.limits}
+        self.node_affinity_required = [
+            *self._sorted_dict_values(self.node_affinity_required),
+            *spec.node_affinity_required,
+        ]
+        self.tolerations = [*self._sorted_dict_values(self.tolerations), *spec.tolerations]
+        self.priority_class_name = spec.priority_class_name
+        if profile.cpu_limit:
+            self.cpu_limit = self.cpu_guarantee = profile.cpu_limit
+        if profile.mem_limit_mib:
+            self.mem_limit = self.mem_guarantee = profile.mem_limit_mib * 1024 * 1024
+        self.extra_annotations = {
+            **self.extra_annotations,
+            PLACEMENT_ANNOTATION: placement_annotation(placement),
+        }
+        self.extra_labels = {**self.extra_labels, "gpulab.io/priority": profile.priority}
+        self.environment = {
+            **self.environment,
+            "GPULAB_PROFILE": profile.slug,
+            "GPULAB_ISOLATION": spec.isolation,
+            "GPULAB_GPU_SHARING": self.gpu_sharing if profile.gpu_milli else "",
+        }
+        self.gpulab_enforcement = self.describe_enforcement(
+            [AssignedGPU(s.uuid, "", 0, s.milli) for s in placement.gpus]
+        )
+
+    async def load_user_options(self) -> None:
+        if self.profile_list:
+            await super().load_user_options()
+            return
+        profile = self.gpulab_profile or self.resolve_profile(self.user_options)
+        self.gpulab_profile = profile
+        await self.gpu_state()
+        placement = await self._place(profile)
+        self._apply_placement(profile, placement)
+
+    async def _start(self) -> Any:
+        try:
+            return await super()._start()
+        except BaseException:
+            if not self.profile_list:
+                await self.gpulab_release()
+            raise
+
+    # -- running, stopping, lost nodes --------------------------------------------------------
+
+    async def poll(self) -> int | None:
+        status = await super().poll()
+        if self.profile_list:
+            return status
+        state = await self.gpu_state()
+        if status is None:
+            pod = (
+                self.pod_reflector.pods.get(self.pod_reflector_key) if self.pod_reflector else None
+            )
+            node = ((pod or {}).get("spec") or {}).get("nodeName")
+            if node and state.node_failed_for(node) > self.node_failure_seconds:
+                self.log.warning(
+                    "Node %s of %s is lost; removing its pod and releasing its GPUs",
+                    node,
+                    self.pod_name,
+                )
+                self.gpu_capacity.record_notice(
+                    self.user.name, f"Your server {self.allocation_id} was lost with node {node}"
+                )
+                try:
+                    await self.api.delete_namespaced_pod(
+                        self.pod_name, self.namespace, body=V1DeleteOptions(grace_period_seconds=0)
+                    )
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+                await self.gpulab_release()
+                return 1
+            if self.gpulab_placement is None:
+                self.restore_placement()
+        elif self.gpu_capacity.allocator.get(self.allocation_id) is not None:
+            await self.gpulab_release()  # the pod is gone: stopped, evicted or lost
+        return status
+
+    @property
+    def pod_reflector_key(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)
+        finally:
+            if not self.profile_list:
+                await self.gpulab_release()
