@@ -36,8 +36,7 @@ c.JupyterHub.load_roles = [
 ]
 c.KubeSpawner.namespace = "default"
 c.KubeSpawner.image = "quay.io/jupyter/base-notebook:latest"  # not pulled: the agent runs cmd
-c.KubeSpawner.cmd = [{singleuser!r}]
-c.KubeSpawner.args = ["--allow-root"]  # the agent ignores runAsUser: servers run as its user
+c.KubeSpawner.cmd = ["jupyterhub-singleuser"]  # found on the agent's PATH
 c.KubeSpawner.extra_resource_limits = {{"nvidia.com/gpu": "1"}}
 c.KubeSpawner.node_selector = {{"kubernetes.io/hostname": "gpu-a"}}
 c.KubeSpawner.storage_pvc_ensure = True
@@ -67,7 +66,6 @@ def hub(tmp_path: Path, dev_cluster):
             chp=str(BIN / "configurable-http-proxy"),
             state=state,
             token=token,
-            singleuser=str(BIN / "jupyterhub-singleuser"),
         )
     )
     env = dict(os.environ, KUBECONFIG=str(dev_cluster.kubeconfig))

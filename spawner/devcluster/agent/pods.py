@@ -199,6 +199,7 @@ class PodWorker:
         self.ip = self.node.ips.allocate()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "home").mkdir(exist_ok=True)
+        self._jupyter_allow_root()
         await self._patch()
         volumes = await self._prepare_volumes()
         if volumes is None:
@@ -308,6 +309,13 @@ class PodWorker:
 
     # -- volumes and containers -------------------------------------------------------------
 
+    def _jupyter_allow_root(self) -> None:
+        """Processes run as root here, where an image would run as its USER (jovyan): let a
+        Jupyter server start as root instead of refusing (found via JUPYTER_CONFIG_PATH)."""
+        d = self.dir / "jupyter-config"
+        d.mkdir(exist_ok=True)
+        (d / "jupyter_server_config.json").write_text('{"ServerApp": {"allow_root": true}}\n')
+
     async def _prepare_volumes(self) -> dict[str, tuple[Path, bool]] | None:
         while not self.deleting:
             try:
@@ -339,7 +347,12 @@ class PodWorker:
         }
         secrets = getattr(self, "_secrets", {})
         configmaps = getattr(self, "_configmaps", {})
-        base = {**self.node.base_env, "HOME": str(self.dir / "home"), "HOSTNAME": self.name}
+        base = {
+            **self.node.base_env,
+            "HOME": str(self.dir / "home"),
+            "HOSTNAME": self.name,
+            "JUPYTER_CONFIG_PATH": str(self.dir / "jupyter-config"),
+        }
         cs.env = podenv.container_env(
             pod,
             cs.spec,
