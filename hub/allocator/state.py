@@ -178,9 +178,9 @@ class ClusterState:
         return (cid, cpu_free, mem_free, gpus), order
 
     def _refresh(self, i: int) -> None:
-        self._leave(i, self.node_sid[i])
         if len(self.sigs) >= self.intern_limit:
-            self._renumber()
+            self._renumber()  # before leaving: every node must be in a live group here
+        self._leave(i, self.node_sid[i])
         s, o = self._signature(i)
         sid = self._intern(s)
         self.node_sid[i] = sid

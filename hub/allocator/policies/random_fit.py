@@ -17,14 +17,16 @@ class RandomFit(Policy):
         super().__init__(seed)
         self._cache: dict[Shape, dict[int, list[tuple[int, ...]]]] = {}
         self._generation = 0
+        self._cached = 0
 
     def choose(
         self, state: ClusterState, shape: Shape, nodes: Collection[int] | None = None
     ) -> Choice | None:
         feasible: list[tuple[list[tuple[int, ...]], set[int]]] = []
         total = 0
-        if state.generation != self._generation:
+        if state.generation != self._generation or self._cached > 1_000_000:
             self._cache.clear()
+            self._cached = 0
             self._generation = state.generation
         per = self._cache.get(shape)
         if per is None:
@@ -40,6 +42,7 @@ class RandomFit(Policy):
             options = per.get(sid)
             if options is None:
                 options = per[sid] = state.options(sigs[sid], shape)
+                self._cached += 1
             if options:
                 feasible.append((options, group))
                 total += len(group)
