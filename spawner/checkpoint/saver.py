@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulab.spawner.checkpoint import namespace as ns_mod
-from gpulab.spawner.checkpoint.blobs import blob_hmac, fsync_dir, write_blob
+from gpulab.spawner.checkpoint.blobs import blob_hmac, fsync_dir, fsync_files, write_blob
 from gpulab.spawner.checkpoint.namespace import (
     Pickled,
     Tracker,
@@ -201,10 +201,17 @@ class NamespaceCheckpointer:
             report.skipped = "nothing changed"
             report.unchanged = sorted(new.variables)
             return report
+        written = []
         for name, obj, p, fp in to_write:
             blob = write_blob(
-                self.store.blobs, f"{secrets.token_hex(8)}.blob", p.header(), p.segments(), self.store.key
+                self.store.blobs,
+                f"{secrets.token_hex(8)}.blob",
+                p.header(),
+                p.segments(),
+                self.store.key,
+                fsync=False,
             )
+            written.append(self.store.blobs / blob.name)
             new.variables[name] = Entry(
                 blob=blob.name,
                 hmac=blob.hmac,
@@ -219,6 +226,9 @@ class NamespaceCheckpointer:
             report.written.append(name)
             report.bytes_written += blob.size
         if to_write:
+            # one flush for all blobs (their writeback started while they were written), then
+            # their names; only then may a manifest name them
+            fsync_files(written)
             fsync_dir(self.store.blobs)
         self.store.commit(new)
         self.committed = new

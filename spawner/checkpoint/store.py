@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpulab.spawner.checkpoint.blobs import fsync_dir, read_blob
+from gpulab.spawner.checkpoint.blobs import PendingBlob, fsync_dir
 from gpulab.spawner.checkpoint.signing import CheckpointRefused, same, sign
 
 FORMAT = "gpulab-checkpoint/1"
@@ -245,12 +245,13 @@ class CheckpointStore:
         self, manifest: Manifest
     ) -> dict[str, tuple[dict[str, Any], list[memoryview]]]:
         """Read and verify every blob of `manifest` before any is unpickled."""
-        out = {}
+        pending = {}
         for name, entry in manifest.variables.items():
             if "/" in entry.blob or entry.blob.startswith("."):
                 raise CheckpointRefused(f"variable {name!r}: bad blob name {entry.blob!r}")
-            out[name] = read_blob(self.blobs / entry.blob, self.key, entry.hmac, entry.size)
-        return out
+            # reading the next blob overlaps with hashing this one
+            pending[name] = PendingBlob(self.blobs / entry.blob, self.key, entry.hmac, entry.size)
+        return {name: p.verified() for name, p in pending.items()}
 
 
 def describe(path: Path, key: bytes, user: str) -> str | None:
