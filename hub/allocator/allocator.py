@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import AlreadyAllocated, InvalidRequest, NoCapacity, StaleAllocations
+from .explain import explain_no_fit
 from .model import MILLI, GpuShare, Inventory, Placement, Request
 from .policies import Policy, get_policy
 from .preemption import Victim, cheapest_on_node
@@ -278,7 +279,7 @@ class Allocator:
             return failed[1]
         if len(self._failed) > 10_000:
             self._failed.clear()
-        reason = self._explain(request)
+        reason = explain_no_fit(self._state, request)
         self._failed[shape] = (epoch, reason)
         return reason
 
@@ -398,62 +399,6 @@ class Allocator:
                 self._failure_reason(request) + " Preempting spot servers would not make room."
             )
         return best[1], best[2]
-
-    def _explain(self, request: Request) -> str:
-        """A sentence saying why ``request`` does not fit anywhere right now."""
-        state = self._state
-        cpu, mem, num_gpu, milli, models, nvlink = request.shape
-        kind = "|".join(sorted(models)) + " " if models else ""
-        largest = 0
-        if nvlink:  # NVLink groups are not indexed: look at every node state
-            for sid in state.groups:
-                sig = state.sigs[sid]
-                cls = state.classes[sig[0]]
-                allowed = [p for p, m in enumerate(cls.models) if not models or m in models]
-                largest = max(largest, self._largest_block(cls.nvlink, sig[3], allowed, True))
-        else:
-            # a node's capability is 1000 + idle GPUs, or its largest free share (see cap_of)
-            for model, caps in state.model_caps.items():
-                if models and model not in models:
-                    continue
-                for cap in caps:
-                    if num_gpu:
-                        largest = max(largest, cap - MILLI)
-                    else:
-                        largest = max(largest, min(cap, MILLI))
-        gpu_ok = (largest >= num_gpu) if num_gpu else (largest >= milli if milli else True)
-        gpu_ok_nodes = [0] if gpu_ok else []
-        if num_gpu and not gpu_ok_nodes:
-            link = "NVLinked " if nvlink else ""
-            return (
-                f"No node has {num_gpu} free {link}{kind}GPUs (largest free block: {largest}). "
-                "Ask for fewer GPUs or try later."
-            )
-        if milli and not gpu_ok_nodes:
-            return (
-                f"No {kind}GPU has {fmt_gpus(milli)} free "
-                f"(largest free share: {fmt_gpus(largest)}). "
-                "Ask for a smaller share or try later."
-            )
-        return (
-            f"No node with the requested GPUs also has {cpu / 1000:g} CPUs and {mem} MiB "
-            "memory free. "
-            "Ask for less CPU or memory, or try later."
-        )
-
-    @staticmethod
-    def _largest_block(
-        links: tuple[str | None, ...], gpus: tuple[int, ...], allowed: list[int], nvlink: bool
-    ) -> int:
-        idle = [p for p in allowed if gpus[p] == MILLI]
-        if not nvlink:
-            return len(idle)
-        per: dict[str, int] = {}
-        for p in idle:
-            link = links[p]
-            if link is not None:
-                per[link] = per.get(link, 0) + 1
-        return max(per.values(), default=0)
 
 
 __all__ = ["DEFAULT_POLICY", "UNBOUNDED", "Allocator", "InvalidRequest", "StaleAllocation"]
