@@ -128,7 +128,9 @@ def arrays(total: int, count: int = 8) -> dict[str, Any]:
 
 def small_objects(n: int = 100_000) -> dict[str, Any]:
     return {
-        "records": [{"id": i, "name": f"item-{i}", "score": i * 0.5, "tags": ("x", i % 7)} for i in range(n)]
+        "records": [
+            {"id": i, "name": f"item-{i}", "score": i * 0.5, "tags": ("x", i % 7)} for i in range(n)
+        ]
     }
 
 
@@ -203,7 +205,9 @@ def main(argv: list[str] | None = None) -> None:
         ns = small_objects()
         blob = pickle.dumps(ns["records"], protocol=5)
         rows.append(
-            measure("100k small objects", ns, len(blob), memoryview(blob), work, max(1, repeats - 1))
+            measure(
+                "100k small objects", ns, len(blob), memoryview(blob), work, max(1, repeats - 1)
+            )
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)

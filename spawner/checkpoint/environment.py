@@ -83,9 +83,9 @@ def persistent_env(
     }
     if venv:
         env["PIP_PREFIX"] = str(local)
-        env["PYTHONPATH"] = _join(base.get("PYTHONPATH", ""), str(user_site(home, python_version))).strip(
-            os.pathsep
-        )
+        env["PYTHONPATH"] = _join(
+            base.get("PYTHONPATH", ""), str(user_site(home, python_version))
+        ).strip(os.pathsep)
     else:
         env["PIP_USER"] = "1"
     if key is not None:

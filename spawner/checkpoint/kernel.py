@@ -137,7 +137,10 @@ class CheckpointExtension:
         with contextlib.suppress(ValueError):
             events.unregister("post_run_cell", self._post_run_cell)
         atexit.unregister(self._at_exit)
-        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+        if (
+            self._previous_sigterm is not None
+            and threading.current_thread() is threading.main_thread()
+        ):
             signal.signal(signal.SIGTERM, self._previous_sigterm)
         if self._pending is not None:
             self._pending.cancel()
@@ -262,7 +265,9 @@ class CheckpointExtension:
 
 def _require() -> CheckpointExtension:
     if _active is None:
-        raise RuntimeError("the gpulab checkpoint extension is not loaded: %load_ext gpulab.spawner.checkpoint.kernel")
+        raise RuntimeError(
+            "the gpulab checkpoint extension is not loaded: %load_ext gpulab.spawner.checkpoint.kernel"
+        )
     return _active
 
 

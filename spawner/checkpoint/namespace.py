@@ -24,6 +24,7 @@ checked by identity only between exact saves.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import io
@@ -44,7 +45,9 @@ SAMPLE_BLOCKS = 1024
 SAMPLE_BLOCK_BYTES = 256
 
 #: IPython's own names in a user namespace (input/output history and helpers)
-_IPYTHON_NAMES = re.compile(r"^(_|__|___|_i|_ii|_iii|_i\d+|_\d+|_oh|_ih|_dh|In|Out|exit|quit|get_ipython)$")
+_IPYTHON_NAMES = re.compile(
+    r"^(_|__|___|_i|_ii|_iii|_i\d+|_\d+|_oh|_ih|_dh|In|Out|exit|quit|get_ipython)$"
+)
 _SCALARS = (int, float, complex, bool, str, bytes, type(None))
 
 
@@ -154,7 +157,10 @@ def _rebuild_tensor(
 
 class _FastPickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, types.FunctionType | type) and getattr(obj, "__module__", None) == "__main__":
+        if (
+            isinstance(obj, types.FunctionType | type)
+            and getattr(obj, "__module__", None) == "__main__"
+        ):
             raise _NeedsDill
         return _reduce_tensor(obj)
 
@@ -197,7 +203,9 @@ def pickle_value(obj: Any) -> Pickled:
         except Exception as e:  # any failure of a third-party __reduce__ must not crash a save
             errors.append(f"{type(e).__name__}: {e}")
             continue
-        return Pickled(engine, bio.getbuffer(), buffers, type_name(obj), time.perf_counter() - start)
+        return Pickled(
+            engine, bio.getbuffer(), buffers, type_name(obj), time.perf_counter() - start
+        )
     raise Unpicklable(errors[-1] if errors else "cannot be pickled")
 
 
@@ -294,7 +302,9 @@ def rebind_globals(value: Any, ns: MutableMapping[str, Any]) -> Any:
     """Functions and classes defined in the notebook come back bound to the kernel's namespace,
     as if their cell had been run again (dill gives them a private globals dict)."""
     if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
-        new = types.FunctionType(value.__code__, ns, value.__name__, value.__defaults__, value.__closure__)
+        new = types.FunctionType(
+            value.__code__, ns, value.__name__, value.__defaults__, value.__closure__
+        )
         new.__kwdefaults__ = value.__kwdefaults__
         new.__dict__.update(value.__dict__)
         new.__qualname__ = value.__qualname__
@@ -304,10 +314,8 @@ def rebind_globals(value: Any, ns: MutableMapping[str, Any]) -> Any:
     if isinstance(value, type) and value.__module__ == "__main__":
         for attr, member in list(vars(value).items()):
             if isinstance(member, types.FunctionType) and member.__module__ == "__main__":
-                try:
+                with contextlib.suppress(TypeError, AttributeError):
                     setattr(value, attr, rebind_globals(member, ns))
-                except (TypeError, AttributeError):
-                    pass
     return value
 
 

@@ -19,6 +19,7 @@ from gpulab.spawner.checkpoint.namespace import (
     fingerprint,
     import_modules,
     pickle_value,
+    quick_key,
     rebind_globals,
     unpickle_value,
     user_names,
@@ -56,7 +57,9 @@ class SaveReport:
             f"({human_bytes(self.bytes_written)}), {len(self.unchanged)} unchanged"
         )
         if self.unpicklable:
-            text += "; not saved: " + ", ".join(f"{k} ({v})" for k, v in sorted(self.unpicklable.items()))
+            text += "; not saved: " + ", ".join(
+                f"{k} ({v})" for k, v in sorted(self.unpicklable.items())
+            )
         return text
 
 
@@ -65,7 +68,9 @@ class RestoreReport:
     source: str
     description: str = ""
     restored: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)  # could not be rebuilt (e.g. missing package)
+    failed: dict[str, str] = field(
+        default_factory=dict
+    )  # could not be rebuilt (e.g. missing package)
     not_saved: dict[str, str] = field(default_factory=dict)  # were unpicklable when saved
     device_fallbacks: dict[str, str] = field(default_factory=dict)
 
@@ -174,8 +179,15 @@ class NamespaceCheckpointer:
                 continue
             saved_ids[id(obj)] = name
             fp = fingerprint(p)
+            # an exact key (torch's version counter) that moved beats a sampled fingerprint
+            moved = (
+                tracker is not None
+                and tracker.quick is not None
+                and quick_key(obj) != tracker.quick
+            )
             if (
                 old is not None
+                and not moved
                 and old.fingerprint == fp
                 and (not exact or blob_hmac(p.header(), p.segments(), self.store.key) == old.hmac)
             ):

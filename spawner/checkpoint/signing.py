@@ -53,7 +53,9 @@ def key_from_env(environ: dict[str, str] | None = None, fallback_file: Path | No
         try:
             key = bytes.fromhex(raw)
         except ValueError:
-            raise CheckpointRefused(f"{KEY_ENV} is not hex; the hub sets it to a 64-digit hex key") from None
+            raise CheckpointRefused(
+                f"{KEY_ENV} is not hex; the hub sets it to a 64-digit hex key"
+            ) from None
         if len(key) < 16:
             raise CheckpointRefused(f"{KEY_ENV} holds {len(key)} bytes; expected 32")
         return key

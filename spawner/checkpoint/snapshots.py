@@ -83,7 +83,13 @@ def _copy_file(src: str, dst: str, mode: int) -> None:
             try:
                 fcntl.ioctl(fdst.fileno(), _FICLONE, fsrc.fileno())
             except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EPERM):
+                if e.errno not in (
+                    errno.EOPNOTSUPP,
+                    errno.EXDEV,
+                    errno.EINVAL,
+                    errno.ENOTTY,
+                    errno.EPERM,
+                ):
                     raise
                 _kernel_copy(fsrc, fdst)
     os.chmod(dst, stat.S_IMODE(mode))
@@ -152,7 +158,9 @@ def _walk(root: Path, excluded: set[str]) -> Iterable[tuple[str, os.DirEntry[str
                     stack.append(sub)
 
 
-def _copy_tree(src: Path, dst: Path, link_from: Path | None, excluded: set[str]) -> tuple[int, int, int]:
+def _copy_tree(
+    src: Path, dst: Path, link_from: Path | None, excluded: set[str]
+) -> tuple[int, int, int]:
     """Copy src into the new directory dst; files unchanged against link_from are hard-linked.
     Returns (files, bytes, new_bytes)."""
     files = total = new = 0
@@ -230,7 +238,14 @@ def snapshot(
         (tmp / _TREE).mkdir(mode=0o700)
         files, total, new = _copy_tree(home, tmp / _TREE, link_from, set(exclude))
         os.chmod(tmp / _TREE, stat.S_IMODE(os.stat(home).st_mode))
-        meta = {"id": snap_id, "label": label, "created": created, "files": files, "bytes": total, "new_bytes": new}
+        meta = {
+            "id": snap_id,
+            "label": label,
+            "created": created,
+            "files": files,
+            "bytes": total,
+            "new_bytes": new,
+        }
         (tmp / _META).write_text(json.dumps(meta))
         _syncfs(tmp)
         os.rename(tmp, store / snap_id)
@@ -274,7 +289,15 @@ def list_snapshots(store: Path) -> list[Snapshot]:
         try:
             m = json.loads((d / _META).read_text())
             out.append(
-                Snapshot(m["id"], d, m["label"], float(m["created"]), m["files"], m["bytes"], m["new_bytes"])
+                Snapshot(
+                    m["id"],
+                    d,
+                    m["label"],
+                    float(m["created"]),
+                    m["files"],
+                    m["bytes"],
+                    m["new_bytes"],
+                )
             )
         except (ValueError, KeyError):
             continue
@@ -312,7 +335,9 @@ def restore(snap: Snapshot, home: Path, *, keep_current: bool = True) -> Snapsho
     With `keep_current`, the home as it was is snapshotted first (label 'before-restore') and
     returned, so a restore can itself be undone. The server must be stopped."""
     home = Path(home).absolute()
-    before = snapshot(home, snap.store, "before-restore") if keep_current and home.is_dir() else None
+    before = (
+        snapshot(home, snap.store, "before-restore") if keep_current and home.is_dir() else None
+    )
     staging = _materialize(snap, home.parent, home.name)
     if home.exists():
         if _exchange(staging, home):

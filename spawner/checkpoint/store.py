@@ -153,7 +153,9 @@ class CheckpointStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"checkpoint store {self.path} is locked by another kernel") from None
+                        raise TimeoutError(
+                            f"checkpoint store {self.path} is locked by another kernel"
+                        ) from None
                     time.sleep(0.05)
             yield
         finally:

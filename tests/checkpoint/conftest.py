@@ -30,7 +30,9 @@ class Kernel:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.km = KernelManager(kernel_name="python3")
-        self.km.shutdown_wait_time = 30  # what server_args() gives a server: time for the final save
+        self.km.shutdown_wait_time = (
+            30  # what server_args() gives a server: time for the final save
+        )
         self.km.start_kernel(env=env, extra_arguments=["--ext=gpulab.spawner.checkpoint.kernel"])
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -77,7 +79,9 @@ class Kernel:
 def kernel_env(tmp_path: Path) -> Callable[..., dict[str, str]]:
     def make(user: str = "alice", **extra: str) -> dict[str, str]:
         env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("GPULAB_", "JPY_", "JUPYTERHUB_"))
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("GPULAB_", "JPY_", "JUPYTERHUB_"))
         }
         env.update(
             GPULAB_CHECKPOINT_DIR=str(tmp_path / "ckpt"),

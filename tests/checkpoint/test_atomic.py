@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -118,7 +117,9 @@ def test_sigterm_during_a_save_finishes_it_saves_the_final_state_and_exits(tmp_p
         GPULAB_CHECKPOINT_USER="alice",
         IPYTHONDIR=str(tmp_path / "ipython"),
     )
-    child = subprocess.Popen([sys.executable, "-c", SHELL_CHILD], stdout=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, "-c", SHELL_CHILD], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert child.stdout is not None
         line = ""

@@ -73,7 +73,9 @@ async def test_kernel_variables_survive_a_server_restart(hub):
     _restart(hub, "alice")
     out = await run_in_kernel(hub, "alice", "%gpulab_restore\nprint(w.sum(), cfg, loss(2))")
     lines = out.strip().splitlines()
-    assert lines[0].startswith("gpulab: Restore 4 variables (") and "run %gpulab_restore" in lines[0]
+    assert (
+        lines[0].startswith("gpulab: Restore 4 variables (") and "run %gpulab_restore" in lines[0]
+    )
     assert lines[1].startswith("restored 4 variables: cfg, loss, np, w")
     assert lines[-1] == before.strip()
     hub.stop_server("alice")
@@ -82,10 +84,14 @@ async def test_kernel_variables_survive_a_server_restart(hub):
 async def test_packages_installed_in_a_kernel_survive_a_server_restart(hub, tmp_path):
     wheel = build_tiny_wheel(tmp_path)
     hub.start_server("alice")
-    out = await run_in_kernel(hub, "alice", f"%pip install --no-index --no-deps {wheel}", timeout=120)
+    out = await run_in_kernel(
+        hub, "alice", f"%pip install --no-index --no-deps {wheel}", timeout=120
+    )
     assert "Successfully installed gpulab-tinypkg-1.0" in out, out
     _restart(hub, "alice")
-    out = await run_in_kernel(hub, "alice", "import gpulab_tinypkg as t\nprint(t.VALUE, t.__file__)")
+    out = await run_in_kernel(
+        hub, "alice", "import gpulab_tinypkg as t\nprint(t.VALUE, t.__file__)"
+    )
     home = Path(hub.state_dir) / "homes" / "alice"
     assert out.strip().splitlines()[-1].startswith(f"42 {home}/.local/")
     hub.stop_server("alice")

@@ -48,7 +48,9 @@ def _wait_for(predicate, timeout: float = 20.0) -> None:
     raise AssertionError("timed out")
 
 
-def test_variables_come_back_after_a_restart_when_the_user_restores(kernel_env, start_kernel, tmp_path):
+def test_variables_come_back_after_a_restart_when_the_user_restores(
+    kernel_env, start_kernel, tmp_path
+):
     env = kernel_env()
     k1 = start_kernel(env)
     k1.run(SETUP)
@@ -67,7 +69,9 @@ def test_variables_come_back_after_a_restart_when_the_user_restores(kernel_env, 
     assert not (tmp_path / "ckpt" / "default" / OFFERED).exists()  # adopted as the current one
 
 
-def test_a_cell_is_saved_once_the_kernel_is_idle_and_survives_a_kill(kernel_env, start_kernel, tmp_path):
+def test_a_cell_is_saved_once_the_kernel_is_idle_and_survives_a_kill(
+    kernel_env, start_kernel, tmp_path
+):
     env = kernel_env()
     root = tmp_path / "ckpt"
     k1 = start_kernel(env)
@@ -104,7 +108,9 @@ def test_sigterm_saves_the_final_state_then_the_kernel_exits(kernel_env, start_k
     assert k2.run("print(late)").strip() == "{'epoch': 7}"
 
 
-def test_automatic_restore_after_preemption_needs_no_user_action(kernel_env, start_kernel, tmp_path):
+def test_automatic_restore_after_preemption_needs_no_user_action(
+    kernel_env, start_kernel, tmp_path
+):
     env = kernel_env()
     k1 = start_kernel(env)
     k1.run(SETUP)
@@ -123,7 +129,9 @@ def test_automatic_restore_after_preemption_needs_no_user_action(kernel_env, sta
     assert "0.5" in k3.run("print(config['lr'])")
 
 
-def test_another_users_kernel_cannot_restore_or_overwrite_a_checkpoint(kernel_env, start_kernel, tmp_path):
+def test_another_users_kernel_cannot_restore_or_overwrite_a_checkpoint(
+    kernel_env, start_kernel, tmp_path
+):
     k1 = start_kernel(kernel_env("alice"))
     k1.run("secret = 'alice only'")
     k1.shutdown()

@@ -33,13 +33,17 @@ def test_outside_a_venv_pip_installs_into_the_user_site_by_default(tmp_path):
 
 
 def test_inside_a_venv_pip_installs_under_the_home_and_it_is_importable(tmp_path):
-    env = persistent_env(tmp_path, in_venv=True, base_env={"PYTHONPATH": "/caps"}, python_version=(3, 11))
+    env = persistent_env(
+        tmp_path, in_venv=True, base_env={"PYTHONPATH": "/caps"}, python_version=(3, 11)
+    )
     assert "PIP_USER" not in env and env["PIP_PREFIX"] == str(tmp_path / ".local")
     assert env["PYTHONPATH"] == f"/caps:{tmp_path}/.local/lib/python3.11/site-packages"
 
 
 def test_checkpoint_settings_per_user_and_server(tmp_path):
-    env = persistent_env(tmp_path, server="gpu", key=key_for("alice"), user="alice", auto_restore=True)
+    env = persistent_env(
+        tmp_path, server="gpu", key=key_for("alice"), user="alice", auto_restore=True
+    )
     assert env["GPULAB_CHECKPOINT_DIR"] == str(tmp_path / ".gpulab" / "checkpoints" / "gpu")
     assert bytes.fromhex(env["GPULAB_CHECKPOINT_KEY"]) == key_for("alice")
     assert env["GPULAB_CHECKPOINT_USER"] == "alice" and env["GPULAB_AUTO_RESTORE"] == "1"
@@ -63,7 +67,9 @@ def test_environments_under_the_home_get_kernelspecs(tmp_path):
     (env_dir / "lib" / "python3.11" / "site-packages" / "ipykernel").mkdir(parents=True)
     (tmp_path / ".conda" / "envs" / "no-kernel" / "bin").mkdir(parents=True)
     assert register_env_kernels(tmp_path) == ["gpulab-env-torch"]
-    spec = json.loads((tmp_path / ".local/share/jupyter/kernels/gpulab-env-torch/kernel.json").read_text())
+    spec = json.loads(
+        (tmp_path / ".local/share/jupyter/kernels/gpulab-env-torch/kernel.json").read_text()
+    )
     assert spec["argv"][0] == str(env_dir / "bin" / "python")
     assert spec["display_name"] == "Python (torch)"
 

@@ -105,7 +105,14 @@ def test_retention_keeps_the_last_n_and_the_newest_of_each_recent_day(home, tmp_
     now = time.time()
     day = 86400
     made = []
-    for age_days, label in [(9, "old"), (3.2, "d3-early"), (3.1, "d3-late"), (1, "d1"), (0.2, "t1"), (0.1, "t2")]:
+    for age_days, label in [
+        (9, "old"),
+        (3.2, "d3-early"),
+        (3.1, "d3-late"),
+        (1, "d1"),
+        (0.2, "t1"),
+        (0.1, "t2"),
+    ]:
         s = snaps.snapshot(home, store, label)
         meta = json.loads((s.path / "snapshot.json").read_text())
         meta["created"] = now - age_days * day

@@ -10,7 +10,6 @@ import shutil
 import sqlite3
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
