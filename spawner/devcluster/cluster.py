@@ -176,7 +176,13 @@ class DevCluster:
 
     # -- up ---------------------------------------------------------------------------------
 
-    def up(self, nodes: list[NodeSpec] | None = None, *, timeout: float = 180.0) -> DevCluster:
+    def up(
+        self,
+        nodes: list[NodeSpec] | None = None,
+        *,
+        timeout: float = 180.0,
+        retry_ports: bool = True,
+    ) -> DevCluster:
         """Start everything (building the binaries first if the cache lacks them).
 
         Idempotent: when the cluster already runs it is left alone (a different node list is an
@@ -219,6 +225,13 @@ class DevCluster:
         try:
             self._start_control_plane(state, bins, etcd, deadline)
             self._start_agent(state, nodes, deadline)
+        except DevClusterError as e:
+            self.log("start failed; stopping what was started")
+            self.down(purge=False)
+            if "address already in use" in str(e) and retry_ports:
+                self.log("a port was taken meanwhile; starting again with other ports")
+                return self.up(nodes, timeout=timeout, retry_ports=False)
+            raise
         except BaseException:
             self.log("start failed; stopping what was started")
             self.down(purge=False)
