@@ -101,7 +101,7 @@ class CheckpointExtension:
         self.store.ensure()
         if self.auto_restore:
             try:
-                report = self.restore()
+                report = self.restore(prefer_current=True)
                 if report.restored or report.failed:
                     log.info("gpulab checkpoint: %s", report.summary())
                     self.offer = f"gpulab: {report.summary()} (automatic restore after a restart)"
@@ -228,8 +228,8 @@ class CheckpointExtension:
             self._chain_sigterm(signal.SIGTERM, None)
         return report
 
-    def restore(self, which: str | None = None) -> RestoreReport:
-        report = self.checkpointer.restore(self.shell.user_ns, which)
+    def restore(self, which: str | None = None, *, prefer_current: bool = False) -> RestoreReport:
+        report = self.checkpointer.restore(self.shell.user_ns, which, prefer_current=prefer_current)
         self.offer = ""
         return report
 

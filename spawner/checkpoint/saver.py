@@ -107,6 +107,7 @@ class NamespaceCheckpointer:
         self.budget_seconds = budget_seconds
         self.lock_timeout = lock_timeout
         self.trackers: dict[str, Tracker] = {}
+        self.failed: dict[str, tuple[Tracker, str]] = {}  # unpicklable last time, and why
         self.committed: Manifest | None = None
         self.restored_names: set[str] = set()
         self.saving = False
@@ -172,11 +173,17 @@ class NamespaceCheckpointer:
                 new.variables[name] = old
                 saved_ids[id(obj)] = name
                 continue
+            failed = self.failed.get(name)
+            if failed is not None and not exact and failed[0].same_object(obj):
+                new.unpicklable[name] = failed[1]  # the same object failed before: do not retry
+                continue
             try:
                 p = pickle_value(obj)
             except Unpicklable as e:
                 new.unpicklable[name] = str(e)
+                self.failed[name] = (Tracker(obj, "", 0.0), str(e))
                 continue
+            self.failed.pop(name, None)
             saved_ids[id(obj)] = name
             fp = fingerprint(p)
             # an exact key (torch's version counter) that moved beats a sampled fingerprint
@@ -254,20 +261,32 @@ class NamespaceCheckpointer:
 
     # -- restoring -----------------------------------------------------------------------------
 
-    def available(self) -> tuple[str, Manifest] | None:
-        """The checkpoint a restore would use: the offered one, else the current one."""
-        for which in (OFFERED, CURRENT):
+    def available(self, prefer_current: bool = False) -> tuple[str, Manifest] | None:
+        """The checkpoint a restore would use: the offered one (the last session's, which this
+        kernel moved aside), else the current one. `prefer_current` reverses that: after a
+        preemption the current one is the state of the kernel that was killed."""
+        for which in (CURRENT, OFFERED) if prefer_current else (OFFERED, CURRENT):
             m = self.store.read_manifest(which)
             if m is not None and m.count:
                 return which, m
         return None
 
-    def restore(self, ns: MutableMapping[str, Any], which: str | None = None) -> RestoreReport:
+    def restore(
+        self,
+        ns: MutableMapping[str, Any],
+        which: str | None = None,
+        *,
+        prefer_current: bool = False,
+    ) -> RestoreReport:
         """Verify every file of the checkpoint (CheckpointRefused, with nothing loaded, if any
         does not check out), rebuild the values and put them into `ns`. The restored state
         becomes the current checkpoint, so unchanged values are not written again."""
         with self.store.lock(self.lock_timeout):
-            found = self.available() if which is None else (which, self.store.read_manifest(which))
+            found = (
+                self.available(prefer_current)
+                if which is None
+                else (which, self.store.read_manifest(which))
+            )
             if found is None or found[1] is None:
                 return RestoreReport(source="")
             source, m = found

@@ -290,3 +290,24 @@ def test_restore_from_another_users_store_path_is_refused_even_with_read_access(
     with pytest.raises(CheckpointRefused):
         bob_view.read_manifest()
     assert describe(alice.path, key_for("bob"), "bob") is None
+
+
+def test_after_preemption_the_killed_kernels_state_wins_over_an_older_offer(store):
+    NamespaceCheckpointer(store).save({"x": "last session"}, exact=True)
+    store.offer_previous()  # a kernel started and moved it aside, never restored it ...
+    NamespaceCheckpointer(store).save({"x": "killed kernel"}, exact=True)  # ... and was preempted
+    manual, auto = {}, {}
+    NamespaceCheckpointer(store).restore(auto, prefer_current=True)
+    assert auto["x"] == "killed kernel"
+    NamespaceCheckpointer(store).restore(manual)
+    assert manual["x"] == "last session"
+
+
+def test_each_notebook_gets_its_own_slot():
+    from gpulab.spawner.checkpoint.kernel import slot_name
+
+    a = slot_name({"JPY_SESSION_NAME": "/home/alice/exp/train.ipynb"})
+    b = slot_name({"JPY_SESSION_NAME": "/home/alice/other/train.ipynb"})
+    assert a.startswith("train.ipynb-") and b.startswith("train.ipynb-") and a != b
+    assert slot_name({}) == "default"
+    assert slot_name({"GPULAB_CHECKPOINT_SLOT": "../../etc"}) == ".._.._etc"
