@@ -195,6 +195,11 @@ class CheckpointExtension:
             self._save_safely(exact=True)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.checkpointer.restoring:
+            # still bringing the checkpoint back: nothing new to save, and it holds the lock
+            self._final_done = True
+            self._chain_sigterm(signum, frame)
+            return
         if self.checkpointer.saving:
             # a save is under way on this thread; it finishes, then the exit continues
             self._exit_after_save = True

@@ -111,6 +111,7 @@ class NamespaceCheckpointer:
         self.committed: Manifest | None = None
         self.restored_names: set[str] = set()
         self.saving = False
+        self.restoring = False
 
     def _new_manifest(self, kind: str) -> Manifest:
         return Manifest(self.store.user, self.store.slot, time.time(), kind)
@@ -281,6 +282,15 @@ class NamespaceCheckpointer:
         """Verify every file of the checkpoint (CheckpointRefused, with nothing loaded, if any
         does not check out), rebuild the values and put them into `ns`. The restored state
         becomes the current checkpoint, so unchanged values are not written again."""
+        self.restoring = True
+        try:
+            return self._restore(ns, which, prefer_current)
+        finally:
+            self.restoring = False
+
+    def _restore(
+        self, ns: MutableMapping[str, Any], which: str | None, prefer_current: bool
+    ) -> RestoreReport:
         with self.store.lock(self.lock_timeout):
             found = (
                 self.available(prefer_current)
