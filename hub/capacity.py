@@ -24,6 +24,7 @@ from traitlets.config import SingletonConfigurable
 
 from gpulab.hub import inventory as inv
 from gpulab.hub.allocator import (
+    DEFAULT_POLICY,
     Allocator,
     Inventory,
     Node,
@@ -164,10 +165,10 @@ class GPUCapacity(SingletonConfigurable):
     )
 
     placement_policy = Unicode(
-        "best-fit",
+        DEFAULT_POLICY,
         config=True,
-        help="""Placement policy of the allocator: 'first-fit', 'best-fit', 'fgd' or another
-        policy the allocator offers (see gpulab.hub.allocator).""",
+        help="""Placement policy of the allocator: 'gpulab' (fragmentation-aware, the default),
+        'fgd', 'best-fit', 'first-fit' or 'random' (see gpulab.hub.allocator).""",
     )
 
     headroom_fraction = Float(
@@ -283,6 +284,14 @@ class GPUCapacity(SingletonConfigurable):
     @property
     def inventory_is_declared(self) -> bool:
         return self.inventory_label.startswith("declared")
+
+    async def ready(self) -> None:
+        """Make sure the allocator reflects the current cluster (Kubernetes: watches synced)."""
+        if self.inventory_source == "kubernetes":
+            # imported here: only hubs that spawn on Kubernetes need a Kubernetes client
+            from gpulab.spawner.kube_state import ensure_kube_state
+
+            await ensure_kube_state(self)
 
     def attach(self, allocator: Allocator, inventory: Inventory, label: str) -> None:
         """Use an allocator maintained elsewhere (the Kubernetes backend's, rebuilt from the

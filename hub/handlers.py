@@ -34,6 +34,7 @@ class CapacityAPIHandler(_GPULabAPIHandler):
     async def get(self) -> None:
         name, groups, is_admin = self._caller_groups_admin()
         capacity = self.gpu_capacity
+        await capacity.ready()
         profiles = []
         for profile in capacity.visible_profiles(groups, is_admin):
             a = capacity.availability(profile)
@@ -67,6 +68,7 @@ class AllocationsAPIHandler(_GPULabAPIHandler):
         if not is_admin:
             raise web.HTTPError(403, "Only admins may list all GPU allocations")
         capacity = self.gpu_capacity
+        await capacity.ready()
         out: list[dict[str, Any]] = []
         for p in capacity.allocator.allocations():
             out.append(

@@ -106,6 +106,7 @@ class GPUSpawnerMixin(Configurable):
 
     async def gpulab_options_form(self, spawner: Any = None) -> str:
         capacity = self.gpu_capacity
+        await capacity.ready()
         profiles = capacity.visible_profiles(self.user_groups, self.is_admin)
         if not profiles:
             return "<p>No profile is available to you; ask an admin to add you to a group.</p>"
@@ -208,7 +209,9 @@ class GPUSpawnerMixin(Configurable):
     async def gpulab_allocate(self, profile: Profile) -> Placement:
         """Place this server's request; waits up to queue_timeout_seconds when nothing fits."""
         capacity = self.gpu_capacity
-        capacity.reconcile(self._live_allocation_ids())
+        await capacity.ready()
+        if capacity.inventory_source != "kubernetes":  # the cluster's pods are the record there
+            capacity.reconcile(self._live_allocation_ids())
         if not capacity.fits_inventory(profile):
             raise web.HTTPError(
                 409,

@@ -25,7 +25,12 @@ from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
 from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
 from gpulab.spawner.kube_resources import ISOLATION, SHARING_BACKENDS, gpu_spec
-from gpulab.spawner.kube_state import PLACEMENT_ANNOTATION, KubeGPUState, placement_annotation
+from gpulab.spawner.kube_state import (
+    PLACEMENT_ANNOTATION,
+    KubeGPUState,
+    ensure_kube_state,
+    placement_annotation,
+)
 
 
 class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
@@ -69,8 +74,6 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         # long enough for the kernel-state checkpoint to be written on SIGTERM
         return 60
 
-    _state: ClassVar[KubeGPUState | None] = None
-    _state_lock: ClassVar[asyncio.Lock | None] = None
     _priority_classes_ready: ClassVar[bool] = False
 
     # -- configuration glue --------------------------------------------------------------------
@@ -102,36 +105,12 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     # -- cluster state -------------------------------------------------------------------------
 
     async def gpu_state(self) -> KubeGPUState:
+        state = await ensure_kube_state(self.gpu_capacity)
         cls = type(self)
-        if cls._state_lock is None:
-            cls._state_lock = asyncio.Lock()
-        async with cls._state_lock:
-            if cls._state is None:
-                capacity = self.gpu_capacity
-                state = KubeGPUState(
-                    self.api,
-                    self.api.api_client,
-                    policy=capacity.placement_policy,
-                    headroom_fraction=capacity.headroom_fraction,
-                    quota=capacity.quota,
-                    on_rebuild=lambda allocator, inventory: capacity.attach(
-                        allocator, inventory, f"Kubernetes: {self._describe(inventory)}"
-                    ),
-                    log=self.log,
-                )
-                state.start()
-                await asyncio.wait_for(state.wait_synced(), self.k8s_api_request_retry_timeout)
-                cls._state = state
-            if not cls._priority_classes_ready:
-                await self._ensure_priority_classes()
-                cls._priority_classes_ready = True
-        return cls._state
-
-    @staticmethod
-    def _describe(inventory: Any) -> str:
-        gpus = sum(len(n.gpus) for n in inventory.nodes)
-        models = sorted(inventory.models)
-        return f"{len(inventory.nodes)} nodes, {gpus} GPUs ({', '.join(models) or 'none'})"
+        if not cls._priority_classes_ready:
+            await self._ensure_priority_classes()
+            cls._priority_classes_ready = True
+        return state
 
     async def _ensure_priority_classes(self) -> None:
         from kubernetes_asyncio.client import SchedulingV1Api, V1ObjectMeta, V1PriorityClass
@@ -149,10 +128,6 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             except ApiException as e:
                 if e.status != 409:
                     raise
-
-    async def gpulab_options_form(self, spawner: Any = None) -> str:
-        await self.gpu_state()
-        return await super().gpulab_options_form(spawner)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -271,7 +246,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             self.mem_limit = self.mem_guarantee = profile.mem_limit_mib * 1024 * 1024
         self.extra_annotations = {
             **self.extra_annotations,
-            PLACEMENT_ANNOTATION: placement_annotation(placement),
+            # KubeSpawner expands {templates} in annotations: escape the JSON's braces
+            PLACEMENT_ANNOTATION: placement_annotation(placement)
+            .replace("{", "{{")
+            .replace("}", "}}"),
         }
         self.extra_labels = {**self.extra_labels, "gpulab.io/priority": profile.priority}
         self.environment = {

@@ -8,6 +8,7 @@ counted too, so the picker never offers GPUs another workload holds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -223,3 +224,48 @@ class KubeGPUState:
             # only the pod that holds this placement releases it (a new pod may reuse the id)
             if current is not None and current.created_at == placement.created_at:
                 self.allocator.release(placement.request.id)
+
+
+_state: KubeGPUState | None = None
+_state_lock: asyncio.Lock | None = None
+
+
+async def ensure_kube_state(capacity: Any, *, timeout: float = 60.0) -> KubeGPUState:
+    """The hub's one cluster view, started and synced on first use, attached to `capacity`.
+
+    Client configuration comes from the pod's service account inside a cluster, else from the
+    kubeconfig (KUBECONFIG), exactly as KubeSpawner loads it."""
+    global _state, _state_lock
+    if _state is not None:
+        return _state
+    if _state_lock is None:
+        _state_lock = asyncio.Lock()
+    async with _state_lock:
+        if _state is None:
+            from kubespawner.clients import load_config, shared_client
+
+            await asyncio.to_thread(load_config)
+            api = shared_client("CoreV1Api")
+
+            def attach(allocator: Allocator, inventory: Inventory) -> None:
+                gpus = sum(len(n.gpus) for n in inventory.nodes)
+                models = ", ".join(sorted(inventory.models)) or "no GPUs"
+                capacity.attach(
+                    allocator,
+                    inventory,
+                    f"Kubernetes: {len(inventory.nodes)} nodes, {gpus} GPUs ({models})",
+                )
+
+            state = KubeGPUState(
+                api,
+                api.api_client,
+                policy=capacity.placement_policy,
+                headroom_fraction=capacity.headroom_fraction,
+                quota=capacity.quota,
+                on_rebuild=attach,
+                log=capacity.log,
+            )
+            state.start()
+            await asyncio.wait_for(state.wait_synced(), timeout)
+            _state = state
+    return _state
