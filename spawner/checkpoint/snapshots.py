@@ -355,13 +355,20 @@ def restore(snap: Snapshot, home: Path, *, keep_current: bool = True) -> Snapsho
     return before
 
 
-def clone(snap: Snapshot, new_home: Path) -> Path:
+def clone(snap: Snapshot, new_home: Path, *, rename_server: tuple[str, str] | None = None) -> Path:
     """A new home (e.g. for a new named server) with the snapshot's content; `new_home` must not
-    exist. Appears whole or not at all."""
+    exist. Appears whole or not at all. `rename_server=(old, new)` moves the kernel checkpoints
+    of server `old` (`.gpulab/checkpoints/<old>`) to where server `new` looks for them."""
     new_home = Path(new_home).absolute()
     if new_home.exists():
         raise SnapshotError(f"{new_home} already exists; clone into a new path")
     staging = _materialize(snap, new_home.parent, new_home.name)
+    if rename_server is not None:
+        root = staging / ".gpulab" / "checkpoints"
+        old, new = (root / (name or "default") for name in rename_server)
+        if old.is_dir() and old != new:
+            _rmtree(new)
+            os.rename(old, new)
     os.rename(staging, new_home)
     _fsync_dir(new_home.parent)
     return new_home

@@ -143,3 +143,12 @@ def test_an_interrupted_snapshot_is_invisible_and_cleaned_up(home, tmp_path):
     assert [s.label for s in snaps.list_snapshots(store)] == ["ok"]
     snaps.snapshot(home, store, "next")
     assert not list(store.glob(".tmp-*"))
+
+
+def test_clone_into_a_new_named_server_moves_its_kernel_checkpoints(home, tmp_path):
+    (home / ".gpulab" / "checkpoints" / "default" / "nb").mkdir(parents=True)
+    (home / ".gpulab" / "checkpoints" / "default" / "nb" / "manifest.json").write_text("m")
+    s = snaps.snapshot(home, tmp_path / "store", "base")
+    new = snaps.clone(s, tmp_path / "homes" / "alice-exp", rename_server=("", "exp"))
+    assert (new / ".gpulab" / "checkpoints" / "exp" / "nb" / "manifest.json").read_text() == "m"
+    assert not (new / ".gpulab" / "checkpoints" / "default").exists()
