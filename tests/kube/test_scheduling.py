@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kubernetes_asyncio import client
 
 from gpulab.spawner.devcluster.agent.kube import api_client
@@ -89,3 +91,20 @@ def test_heartbeats_renew_the_lease_and_the_ready_condition(kube: Kube) -> None:
     wait_for("the Lease to be renewed", lambda: lease_time() != lease, 30, interval=0.5)
     wait_for("a new Ready heartbeat", lambda: heartbeat_time() != beat, 30, interval=0.5)
     assert kube.node_ready("gpu-b") == "True"
+
+
+def test_gpu_pods_see_distinct_devices_as_the_device_plugin_sets_them(
+    kube: Kube, tmp_path: Path
+) -> None:
+    names = [kube.name("dev"), kube.name("dev")]
+    for name in names:
+        out = tmp_path / name
+        script = f'echo "$NVIDIA_VISIBLE_DEVICES" > {out}.tmp && mv {out}.tmp {out}; sleep 600'
+        kube.create_pod(pod_manifest(name, ["sh", "-c", script], gpus=2, node="gpu-a"))
+    for name in names:  # both running at once: devices of a finished pod are free again
+        kube.wait_phase(name, "Running")
+        wait_for("the devices to be written", (tmp_path / name).exists)
+    seen = [set((tmp_path / n).read_text().strip().split(",")) for n in names]
+    assert all(len(s) == 2 for s in seen)
+    assert not seen[0] & seen[1]
+    assert all(d.startswith("GPU-gpu-a-") for d in seen[0] | seen[1])

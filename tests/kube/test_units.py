@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpulab.spawner.devcluster import NodeSpec
+from gpulab.spawner.devcluster.agent.devices import Devices
 from gpulab.spawner.devcluster.agent.podenv import (
     EnvError,
     container_argv,
@@ -81,3 +82,40 @@ def test_missing_configmap_key_is_a_config_error_that_names_it() -> None:
         container_env(
             pod, container, base={}, configmaps={"cm": {"data": {}}}, secrets={}, node_capacity={}
         )
+
+
+def test_device_plugin_hands_out_distinct_gpus_and_mig_instances() -> None:
+    devices = Devices(NodeSpec("n", gpus=4, mig={"1g.10gb": 2}))
+
+    def ask(res: str, n: int) -> dict:
+        return {"name": "c", "resources": {"limits": {res: str(n)}}}
+
+    a = devices.allocate("pod-a/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"]
+    b = devices.allocate("pod-b/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"]
+    assert len(set(a.split(",")) | set(b.split(","))) == 4
+    assert devices.allocate("pod-a/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"] == a
+    mig = devices.allocate("pod-c/c", ask("nvidia.com/mig-1g.10gb", 1))
+    assert mig["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-n-1g.10gb-")
+    devices.release("pod-a")
+    again = devices.allocate("pod-d/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"]
+    assert set(again.split(",")) == set(a.split(","))
+
+
+def test_hami_limits_appear_as_hami_environment() -> None:
+    devices = Devices(NodeSpec("n", gpus=1))
+    c = {
+        "name": "c",
+        "resources": {
+            "limits": {
+                "nvidia.com/gpu": "1",
+                "nvidia.com/gpumem": "10000",
+                "nvidia.com/gpucores": "30",
+            }
+        },
+    }
+    env = devices.allocate("p/c", c)
+    assert env == {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-n-0",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "10000m",
+        "CUDA_DEVICE_SM_LIMIT": "30",
+    }

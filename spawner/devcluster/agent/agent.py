@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 from kubernetes_asyncio import client
 
 from ..spec import NodeSpec
+from .devices import Devices
 from .kube import Events, api_client, log
 from .nodes import NodeHeartbeat
 from .pods import IPPool, NodeContext, PodManager
@@ -56,6 +57,7 @@ class SimulatedNode:
             pods_dir=agent.state_dir / "pods",
             capacity=nodespec.capacity(spec),
             base_env=agent.base_env,
+            devices=Devices(spec),
         )
         self.pods = PodManager(self.ctx)
         self.tasks: list[asyncio.Task[Any]] = []

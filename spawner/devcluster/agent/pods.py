@@ -24,6 +24,7 @@ import aiohttp
 from kubernetes_asyncio import client
 
 from . import podenv, podvolumes
+from .devices import Devices
 from .kube import MERGE, Events, log, now, raw, status_of, watch_forever
 from .runtime import ContainerProcess, HostPaths, StartError
 
@@ -65,6 +66,7 @@ class NodeContext:
     pods_dir: Path
     capacity: dict[str, str]
     base_env: dict[str, str]
+    devices: Devices
 
 
 @dataclass
@@ -275,6 +277,7 @@ class PodWorker:
 
     async def _finish(self) -> None:
         """A terminal pod stays until it is deleted; then the kubelet deletes it at once."""
+        self.node.devices.release(self.uid)  # as the device manager: only active pods hold devices
         while not self.deleting:
             await self._wait_change()
         await self._delete()
@@ -304,6 +307,7 @@ class PodWorker:
         self.node.host_paths.release(self.held)
         self.held = []
         self.node.ips.release(self.ip)
+        self.node.devices.release(self.uid)
         if self.deleted:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -361,6 +365,7 @@ class PodWorker:
             secrets=secrets,
             node_capacity=self.node.capacity,
         )
+        cs.env.update(self.node.devices.allocate(f"{self.uid}/{cs.name}", cs.spec))
         argv = podenv.container_argv(cs.spec, cs.env, self.ip or "")
         if not argv:
             raise StartError(
