@@ -16,7 +16,8 @@ objects, it measures:
 
 Memory the run will use is touched once before measuring (see `warm_memory`).
 
-Each case alternates raw and checkpoint runs `--repeats` times and reports medians. The last line
+"idle cell check" is the per-cell save that follows when nothing changed (no write): what every
+idle cell costs. Each case alternates raw and checkpoint runs `--repeats` times and reports medians. The last line
 compares the largest array namespace: save MB/s / raw write MB/s, restore MB/s / raw read MB/s,
 and checkpoint bytes on disk / array bytes. Goal: save >= 0.5 x raw write, size <= 1.1 x data.
 """
@@ -85,14 +86,21 @@ def raw_read(path: Path, nbytes: int) -> float:
     return time.perf_counter() - start
 
 
-def ckpt_save(store_dir: Path, ns: dict[str, Any]) -> tuple[float, int]:
+def ckpt_save(store_dir: Path, ns: dict[str, Any]) -> tuple[float, int, float]:
+    """Seconds for a full save, bytes on disk, and seconds of the per-cell check that follows
+    when nothing changed (what every idle cell costs)."""
     store = CheckpointStore(store_dir, KEY, "bench")
+    cp = NamespaceCheckpointer(store)
     start = time.perf_counter()
-    report = NamespaceCheckpointer(store).save(ns, exact=True)
+    report = cp.save(ns, exact=True)
     seconds = time.perf_counter() - start
     assert report.committed and not report.unpicklable, report.summary()
     size = sum(p.stat().st_size for p in store_dir.rglob("*") if p.is_file())
-    return seconds, size
+    start = time.perf_counter()
+    idle = cp.save(ns)
+    idle_seconds = time.perf_counter() - start
+    assert not idle.committed and idle.skipped == "nothing changed", idle.summary()
+    return seconds, size, idle_seconds
 
 
 def ckpt_restore(store_dir: Path, expect: int) -> float:
@@ -115,6 +123,7 @@ class Row:
     raw_read: float
     restore: float
     size_ratio: float
+    idle_check: float
 
     def mbps(self, seconds: float) -> float:
         return self.data_bytes / MB / seconds
@@ -137,14 +146,15 @@ def small_objects(n: int = 100_000) -> dict[str, Any]:
 def measure(
     case: str, ns: dict[str, Any], data_bytes: int, raw_source: memoryview, work: Path, repeats: int
 ) -> Row:
-    w, s, r, rs, sizes = [], [], [], [], []
+    w, s, r, rs, sizes, idle = [], [], [], [], [], []
     for i in range(repeats):
         raw = work / f"raw-{i}.bin"
         store = work / f"store-{i}"
         w.append(raw_write(raw, raw_source))
-        sec, size = ckpt_save(store, ns)
+        sec, size, idle_sec = ckpt_save(store, ns)
         s.append(sec)
         sizes.append(size)
+        idle.append(idle_sec)
         r.append(raw_read(raw, raw_source.nbytes))
         rs.append(ckpt_restore(store, len(ns)))
         raw.unlink()
@@ -157,6 +167,7 @@ def measure(
         statistics.median(r),
         statistics.median(rs),
         statistics.median(sizes) / data_bytes,
+        statistics.median(idle),
     )
 
 
@@ -217,16 +228,16 @@ def main(argv: list[str] | None = None) -> None:
 def _print(rows: list[Row]) -> None:
     head = (
         "| namespace | data | raw write MB/s | save MB/s | save/raw | raw read MB/s "
-        "| restore MB/s | restore/raw | size/data |"
+        "| restore MB/s | restore/raw | size/data | idle cell check |"
     )
     print(head)
-    print("|---" * 9 + "|")
+    print("|---" * 10 + "|")
     fmt: Callable[[float], str] = lambda x: f"{x:,.0f}"  # noqa: E731
     for r in rows:
         print(
             f"| {r.case} | {r.data_bytes / MB:,.0f} MB | {fmt(r.mbps(r.raw_write))} | {fmt(r.mbps(r.save))} "
             f"| {r.raw_write / r.save:.2f} | {fmt(r.mbps(r.raw_read))} | {fmt(r.mbps(r.restore))} "
-            f"| {r.raw_read / r.restore:.2f} | {r.size_ratio:.3f} |"
+            f"| {r.raw_read / r.restore:.2f} | {r.size_ratio:.3f} | {r.idle_check * 1000:.1f} ms |"
         )
     largest = max((r for r in rows if r.case.startswith("numpy")), key=lambda r: r.data_bytes)
     print(
