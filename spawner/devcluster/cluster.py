@@ -165,6 +165,7 @@ class DevCluster:
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.exists() else None,
             "api": f"https://127.0.0.1:{state['ports']['apiserver']}" if state else None,
             "processes": {n: {"pid": p.pid, "running": p.alive()} for n, p in found.items()},
+            "timing": state.get("timing"),
             "nodes": {},
         }
         if found.get("agent") and found["agent"].alive():
@@ -514,6 +515,17 @@ class DevCluster:
     def start_node(self, name: str) -> None:
         """Bring a stopped node back: heartbeats resume and the unreachable taints are removed."""
         self._agent("POST", f"/nodes/{name}/start")
+
+    def logs(self, pod: str, namespace: str = "default", container: str | None = None) -> str:
+        """A container's output (stdout + stderr), like `kubectl logs`; "" when there is none.
+
+        The file lives until the pod is deleted: STATE/agent/pods/NS_POD_UID/CONTAINER.log.
+        """
+        dirs = sorted((self.state_dir / "agent" / "pods").glob(f"{namespace}_{pod}_*"))
+        if not dirs:
+            return ""
+        files = sorted(dirs[-1].glob(f"{container or '*'}.log"))
+        return "".join(f.read_text(errors="replace") for f in files)
 
     # -- down -------------------------------------------------------------------------------
 

@@ -72,9 +72,10 @@ def test_pod_with_command_and_env_runs_on_a_loopback_ip_and_turns_ready(kube: Ku
 
 def test_exit_codes_show_as_succeeded_and_failed(kube: Kube) -> None:
     ok, bad = kube.name("ok"), kube.name("bad")
-    kube.create_pod(pod_manifest(ok, ["sh", "-c", "exit 0"]))
+    kube.create_pod(pod_manifest(ok, ["sh", "-c", "echo to-the-log; exit 0"]))
     kube.create_pod(pod_manifest(bad, ["sh", "-c", "exit 3"]))
     done = container_state(kube.wait_phase(ok, "Succeeded"))["terminated"]
+    assert kube.cluster.logs(ok) == "to-the-log\n"
     assert (done["exitCode"], done["reason"]) == (0, "Completed")
     failed = container_state(kube.wait_phase(bad, "Failed"))["terminated"]
     assert (failed["exitCode"], failed["reason"]) == (3, "Error")
