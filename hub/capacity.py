@@ -340,7 +340,13 @@ class GPUCapacity(SingletonConfigurable):
         return [p for p in self.catalog if p.visible_to(groups, is_admin)]
 
     def request_for(
-        self, profile: Profile, *, allocation_id: str, owner: str, groups: frozenset[str]
+        self,
+        profile: Profile,
+        *,
+        allocation_id: str,
+        owner: str,
+        groups: frozenset[str],
+        affinity_group: str | None = None,
     ) -> Request:
         return Request(
             id=allocation_id,
@@ -353,6 +359,7 @@ class GPUCapacity(SingletonConfigurable):
             gpu_models=profile.gpu_models,
             priority=profile.priority,  # type: ignore[arg-type]
             nvlink=False,
+            affinity_group=affinity_group,
         )
 
     def _probe(self, profile: Profile) -> Request:

@@ -22,6 +22,7 @@ from gpulab.hub.allocator import (
     NoCapacity,
     Placement,
     QuotaExceeded,
+    Request,
 )
 from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.profiles import Profile
@@ -137,7 +138,8 @@ class GPUSpawnerMixin(Configurable):
 
     @default("apply_user_options")
     def _default_apply_user_options(self) -> Any:
-        return GPUSpawnerMixin.gpulab_apply_user_options
+        # dispatch on the instance so that backends can override the method
+        return lambda spawner, user_options: spawner.gpulab_apply_user_options(user_options)
 
     def gpulab_apply_user_options(self, user_options: Any) -> None:
         """JupyterHub's apply_user_options hook: validate the choice before anything starts."""
@@ -206,6 +208,19 @@ class GPUSpawnerMixin(Configurable):
         ids.add(self.allocation_id)
         return ids
 
+    #: related requests (a user's servers, later their jobs and Dask workers) share a rack when
+    #: they can; backends with a notion of racks set it
+    gpulab_affinity_group: str | None = None
+
+    def gpulab_request(self, profile: Profile) -> Request:
+        return self.gpu_capacity.request_for(
+            profile,
+            allocation_id=self.allocation_id,
+            owner=self.user.name,
+            groups=self.user_groups,
+            affinity_group=self.gpulab_affinity_group,
+        )
+
     async def gpulab_allocate(self, profile: Profile) -> Placement:
         """Place this server's request; waits up to queue_timeout_seconds when nothing fits."""
         capacity = self.gpu_capacity
@@ -218,9 +233,7 @@ class GPUSpawnerMixin(Configurable):
                 f"Profile {profile.display_name!r} asks for more than any machine here has "
                 f"({capacity.inventory_label}); pick a smaller profile",
             )
-        request = capacity.request_for(
-            profile, allocation_id=self.allocation_id, owner=self.user.name, groups=self.user_groups
-        )
+        request = self.gpulab_request(profile)
         # A server that is starting holds nothing: an allocation under its id is a leftover
         # (e.g. of a spawn the hub did not see fail) and is released before placing anew.
         if capacity.allocator.get(request.id) is not None:

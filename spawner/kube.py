@@ -24,7 +24,14 @@ from gpulab.hub.inventory import KNOWN_MODELS
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
 from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
-from gpulab.spawner.kube_resources import ISOLATION, SHARING_BACKENDS, gpu_spec
+from gpulab.spawner.kube_resources import (
+    AFFINITY_LABEL,
+    ISOLATION,
+    SHARING_BACKENDS,
+    gpu_spec,
+    related_pod_affinity,
+    safe_label_value,
+)
 from gpulab.spawner.kube_state import (
     PLACEMENT_ANNOTATION,
     KubeGPUState,
@@ -68,6 +75,20 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         counts as lost: its pod is force-deleted and its GPU share released, instead of showing as
         running until Kubernetes evicts it minutes later.""",
     )
+
+    affinity_group_template = Unicode(
+        "{username}",
+        config=True,
+        help="""Servers with the same expanded value are related: gpulab places them in one rack
+        when it can and asks the scheduler for the same (pod affinity on the rack, then the zone).
+        The default groups each user's servers; empty turns it off.""",
+    )
+
+    @property
+    def gpulab_affinity_group(self) -> str | None:  # type: ignore[override]
+        if not self.affinity_group_template:
+            return None
+        return self.affinity_group_template.format(username=self.user.name, servername=self.name)
 
     @default("delete_grace_period")
     def _default_grace(self) -> int:
@@ -147,9 +168,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     async def _place(self, profile: Profile) -> Placement:
         """Allocate, evicting preemptible servers when an on-demand request does not fit."""
         capacity = self.gpu_capacity
-        request = capacity.request_for(
-            profile, allocation_id=self.allocation_id, owner=self.user.name, groups=self.user_groups
-        )
+        request = self.gpulab_request(profile)
         try:
             return await self.gpulab_allocate(profile)
         except web.HTTPError as e:
@@ -252,6 +271,13 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             .replace("}", "}}"),
         }
         self.extra_labels = {**self.extra_labels, "gpulab.io/priority": profile.priority}
+        group = self.gpulab_affinity_group
+        if group:
+            self.extra_labels[AFFINITY_LABEL] = safe_label_value(group)
+            self.pod_affinity_preferred = [
+                *self._sorted_dict_values(self.pod_affinity_preferred),
+                *related_pod_affinity(safe_label_value(group)),
+            ]
         self.environment = {
             **self.environment,
             "GPULAB_PROFILE": profile.slug,

@@ -25,6 +25,7 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 RACK_LABEL = "gpulab.io/rack"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 SPOT_TAINT_KEY = "gpulab.io/spot"
+AFFINITY_LABEL = "gpulab.io/affinity-group"
 
 MIG, HAMI, TIME_SLICING = "mig", "hami", "time-slicing"
 SHARING_BACKENDS = (MIG, HAMI, TIME_SLICING)
@@ -151,6 +152,21 @@ def gpu_spec(
     )
 
 
+def safe_label_value(value: str) -> str:
+    """A Kubernetes label value: 63 characters of [A-Za-z0-9._-], alphanumeric at both ends."""
+    cleaned = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in value)[:63]
+    return cleaned.strip("._-") or "x"
+
+
+def related_pod_affinity(group: str) -> list[dict[str, Any]]:
+    """Preferred pod affinity that draws related pods into one rack, else one zone."""
+    selector = {"matchExpressions": [{"key": AFFINITY_LABEL, "operator": "In", "values": [group]}]}
+    return [
+        {"weight": 50, "podAffinityTerm": {"labelSelector": selector, "topologyKey": RACK_LABEL}},
+        {"weight": 10, "podAffinityTerm": {"labelSelector": selector, "topologyKey": ZONE_LABEL}},
+    ]
+
+
 def _quantity_int(value: Any) -> int:
     text = str(value)
     if text.endswith("k"):
@@ -223,11 +239,25 @@ def node_from_k8s(node: Mapping[str, Any]) -> Node:
     )
 
 
+def node_is_tainted(node: Mapping[str, Any]) -> bool:
+    """Tainted against new pods (NoSchedule/NoExecute): a spot pool, a drained or failing node."""
+    return any(
+        t.get("effect") in ("NoSchedule", "NoExecute")
+        for t in (node.get("spec") or {}).get("taints") or []
+    )
+
+
 def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]]) -> Inventory:
-    """Ready, schedulable nodes -> allocator inventory."""
+    """Ready, schedulable, untainted nodes -> allocator inventory.
+
+    gpulab pins each pod to the node its allocator chose, so a tainted node (e.g. a spot pool that
+    only tolerating pods may use) is left out rather than offered to requests that cannot go
+    there."""
     usable = [
         node_from_k8s(n)
         for n in nodes
-        if node_is_ready(n) and not (n.get("spec") or {}).get("unschedulable")
+        if node_is_ready(n)
+        and not (n.get("spec") or {}).get("unschedulable")
+        and not node_is_tainted(n)
     ]
     return Inventory(sorted(usable, key=lambda n: n.name))

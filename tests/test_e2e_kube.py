@@ -121,6 +121,14 @@ def test_whole_gpu_server_runs_where_the_real_scheduler_put_it_and_capacity_matc
         "operator": "In",
         "values": ["NVIDIA-A100-SXM4-80GB"],
     } in (terms["nodeSelectorTerms"][0]["matchExpressions"])
+    assert pod["metadata"]["labels"]["gpulab.io/affinity-group"] == "kim"
+    preferred = pod["spec"]["affinity"]["podAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert [t["podAffinityTerm"]["topologyKey"] for t in preferred] == [
+        "gpulab.io/rack",
+        "topology.kubernetes.io/zone",
+    ]
     placement = json.loads(pod["metadata"]["annotations"]["gpulab.io/placement"])
     assert placement["request"]["owner"] == "kim"
     assert hub.capacity()["a100-1"]["label"] == "1 GPU - 7 free"
@@ -201,6 +209,29 @@ def test_hub_restart_keeps_pods_and_their_allocations(kube_hub, cluster):
     assert hub.server_model("remy")["ready"]
     assert _pod_of(cluster, "remy")["metadata"]["uid"] == pod["metadata"]["uid"]
     assert hub.capacity()["a100-quarter"]["free"] == free_before
+
+
+def test_upstream_profile_list_keeps_working_unchanged(make_hub, cluster):
+    overlay = OVERLAY + (
+        "c.GPUKubeSpawner.profile_list = [{'display_name': 'Legacy GPU', 'slug': 'legacy', 'default': True,"
+        " 'kubespawner_override': {'extra_resource_limits': {'nvidia.com/gpu': '1'}}}]\n"
+    )
+    hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name="legacy")
+    hub.create_user("lee")
+    hub.start_server("lee", profile="legacy")
+    pod = _pod_of_any(cluster, "lee")
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "gpulab.io/placement" not in (pod["metadata"].get("annotations") or {})
+    hub.stop_server("lee")
+
+
+def _pod_of_any(cluster: DevCluster, user: str) -> dict:
+    (pod,) = [
+        p
+        for p in cluster.api("GET", "/api/v1/namespaces/default/pods")["items"]
+        if (p["metadata"].get("annotations") or {}).get("hub.jupyter.org/username") == user
+    ]
+    return pod
 
 
 @pytest.mark.parametrize("sharing", ["mig", "hami", "time-slicing"])

@@ -10,6 +10,8 @@ from gpulab.spawner.kube_resources import (
     inventory_from_nodes,
     mig_profile_for,
     node_from_k8s,
+    related_pod_affinity,
+    safe_label_value,
 )
 
 A100 = 81920
@@ -120,3 +122,15 @@ def test_only_ready_schedulable_nodes_are_inventory():
         [_node("a", 8), _node("b", 8, ready=False), _node("c", 4, unschedulable=True)]
     )
     assert [n.name for n in inv.nodes] == ["a"]
+
+
+def test_related_pods_prefer_one_rack_then_one_zone():
+    rack, zone = related_pod_affinity("alice")
+    assert (
+        rack["podAffinityTerm"]["topologyKey"] == "gpulab.io/rack"
+        and rack["weight"] > zone["weight"]
+    )
+    assert zone["podAffinityTerm"]["topologyKey"] == "topology.kubernetes.io/zone"
+    assert rack["podAffinityTerm"]["labelSelector"]["matchExpressions"][0]["values"] == ["alice"]
+    assert safe_label_value("bob@example.org/") == "bob-example.org"
+    assert len(safe_label_value("x" * 100)) == 63
