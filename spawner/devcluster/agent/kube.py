@@ -83,7 +83,7 @@ async def watch_forever(
             async with w.stream(
                 list_call,
                 resource_version=rv,
-                timeout_seconds=300,
+                timeout_seconds=240,  # ends before aiohttp's 300 s request timeout
                 allow_watch_bookmarks=True,
                 **kwargs,
             ) as stream:

@@ -191,7 +191,7 @@ class NodeHeartbeat:
         """Register, then heartbeat every interval_seconds until cancelled (errors are retried)."""
         while True:
             try:
-                await self.register()
+                await asyncio.wait_for(self.register(), timeout=30)
                 break
             except asyncio.CancelledError:
                 raise
@@ -200,8 +200,8 @@ class NodeHeartbeat:
                 await asyncio.sleep(1)
         while True:
             await asyncio.sleep(self.interval)
-            try:
-                await self.heartbeat()
+            try:  # bounded: a hung request must not silence the node for minutes
+                await asyncio.wait_for(self.heartbeat(), timeout=max(5.0, 2 * self.interval))
             except asyncio.CancelledError:
                 raise
             except Exception as e:
