@@ -26,9 +26,10 @@ from pathlib import Path
 EXTENSION = "gpulab.spawner.checkpoint.kernel"
 STARTUP_FILE = "00-gpulab-checkpoint.py"
 _STARTUP_CODE = f"""\
-# Written by gpulab: checkpoints this kernel's variables (see {EXTENSION}).
-# Set GPULAB_CHECKPOINT=0 in the environment to switch it off.
-get_ipython().extension_manager.load_extension({EXTENSION!r})
+# Written by gpulab: checkpoints the variables of Jupyter kernels (see {EXTENSION}); terminal
+# IPython sessions are left alone. Set GPULAB_CHECKPOINT=0 in the environment to switch it off.
+if type(get_ipython()).__name__ == "ZMQInteractiveShell":
+    get_ipython().extension_manager.load_extension({EXTENSION!r})
 """
 
 

@@ -292,8 +292,12 @@ def load_ipython_extension(shell: Any) -> None:
     global _active
     if _active is not None or os.environ.get(ENABLED_ENV, "1") == "0":
         return
-    ext = CheckpointExtension(shell)
-    ext.start()
+    try:
+        ext = CheckpointExtension(shell)
+        ext.start()
+    except Exception as e:  # a bad key or an unwritable home must not keep the kernel from starting
+        print(f"gpulab: kernel checkpoints are off: {type(e).__name__}: {e}", file=sys.stderr)
+        return
     _active = ext
 
 
