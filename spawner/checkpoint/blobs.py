@@ -148,7 +148,7 @@ def blob_hmac(header: dict[str, Any], segments: Sequence[Any], key: bytes) -> st
     for v in seg_views:
         mac.update(v)
         mac.update(b"\0" * _pad(v.nbytes))
-    return mac.hexdigest()
+    return str(mac.hexdigest())
 
 
 class PendingBlob:
@@ -173,7 +173,7 @@ class PendingBlob:
                     f"{path.name}: {actual} bytes on disk, the signed manifest says {expected_size}"
                 )
             self.buf = np.empty(actual, dtype=np.uint8)
-            view = memoryview(self.buf)
+            view = memoryview(self.buf)  # type: ignore[arg-type]
             step = max(1 << 20, min(16 << 20, actual // 8))
             off = 0
             while off < actual:
@@ -197,7 +197,7 @@ class PendingBlob:
             raise CheckpointRefused(
                 f"{name}: signature does not match this user's key (altered, or written for another user)"
             )
-        view = memoryview(self.buf)
+        view = memoryview(self.buf)  # type: ignore[arg-type]
         actual = view.nbytes
         if bytes(view[:8]) != MAGIC:
             raise CheckpointRefused(f"{name}: not a gpulab checkpoint blob")

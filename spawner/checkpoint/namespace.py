@@ -232,7 +232,9 @@ def sampled_digest(buf: memoryview) -> bytes:
     rows = n // SAMPLE_BLOCK_BYTES
     grid = arr[: rows * SAMPLE_BLOCK_BYTES].reshape(rows, SAMPLE_BLOCK_BYTES)
     sample = grid[np.linspace(0, rows - 1, SAMPLE_BLOCKS).astype(np.intp)]
-    return zlib.crc32(sample).to_bytes(4, "little") + zlib.crc32(arr[-4096:]).to_bytes(4, "little")
+    head = zlib.crc32(memoryview(sample))  # type: ignore[arg-type]
+    tail = zlib.crc32(memoryview(arr[-4096:]))  # type: ignore[arg-type]
+    return head.to_bytes(4, "little") + tail.to_bytes(4, "little")
 
 
 def fingerprint(p: Pickled) -> str:
@@ -302,6 +304,8 @@ class Tracker:
 def rebind_globals(value: Any, ns: MutableMapping[str, Any]) -> Any:
     """Functions and classes defined in the notebook come back bound to the kernel's namespace,
     as if their cell had been run again (dill gives them a private globals dict)."""
+    if not isinstance(ns, dict):
+        return value  # a function's globals must be a real dict
     if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
         new = types.FunctionType(
             value.__code__, ns, value.__name__, value.__defaults__, value.__closure__

@@ -280,7 +280,7 @@ def _rmtree(path: Path) -> None:
 def list_snapshots(store: Path) -> list[Snapshot]:
     """Complete snapshots in `store`, oldest first."""
     store = Path(store)
-    out = []
+    out: list[Snapshot] = []
     if not store.is_dir():
         return out
     for d in store.iterdir():
