@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--fast-failure",
         action="store_true",
-        help="notice node failures in ~16 s and evict after 20 s (tests) instead of 40 s / 300 s",
+        help="notice node failures in ~16 s and evict after 30 s more (tests) instead of 40 s / 300 s",
     )
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     sub.add_parser("down", help="stop everything the cluster started and remove its data")

@@ -112,6 +112,8 @@ class NodeHeartbeat:
         )
 
     async def heartbeat(self) -> None:
+        # the Lease first: one small write, and what the node controller reads when it is newer
+        await self._renew_lease()
         node = await raw(
             self.core.patch_node_status(
                 self.spec.name,
@@ -120,7 +122,6 @@ class NodeHeartbeat:
                 _preload_content=False,
             )
         )
-        await self._renew_lease()
         await self._drop_failure_taints(node)
 
     async def _renew_lease(self) -> None:
@@ -198,11 +199,16 @@ class NodeHeartbeat:
             except Exception as e:
                 log.warning("node %s: registration failed (%s); retrying", self.spec.name, e)
                 await asyncio.sleep(1)
-        while True:
-            await asyncio.sleep(self.interval)
+        ok = True
+        while True:  # after a failure, retry soon instead of a whole interval later
+            await asyncio.sleep(self.interval if ok else min(1.0, self.interval))
+            ok = False
             try:  # bounded: a hung request must not silence the node for minutes
-                await asyncio.wait_for(self.heartbeat(), timeout=max(5.0, 2 * self.interval))
+                await asyncio.wait_for(self.heartbeat(), timeout=max(10.0, 3 * self.interval))
+                ok = True
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("node %s: heartbeat failed: %s", self.spec.name, e)
+                log.warning(
+                    "node %s: heartbeat failed (%s: %s)", self.spec.name, type(e).__name__, e
+                )
