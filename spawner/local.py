@@ -8,6 +8,8 @@ single-account default of an embedded install on one workstation or GPU server.
 from __future__ import annotations
 
 import os
+import pwd
+from pathlib import Path
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -27,9 +29,10 @@ from gpulab.spawner.watchdog import (
     ProcessMemorySource,
     SimulatedProcessMemory,
 )
+from gpulab.spawner.workspace import LocalWorkspaceMixin
 
 
-class GPULocalSpawnerMixin(GPUSpawnerMixin):
+class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
     """Applies a placement to a local process: device visibility, MPS or framework caps, and the
     memory watchdog."""
 
@@ -115,6 +118,7 @@ class GPULocalSpawnerMixin(GPUSpawnerMixin):
 
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
+        env.update(self.workspace_env(env))
         placement = self.gpulab_placement
         gpus = self.assigned_gpus(placement) if placement else []
         gpu_env, enforcement = gpu_environment(
@@ -140,6 +144,7 @@ class GPULocalSpawnerMixin(GPUSpawnerMixin):
             self.cpu_limit = profile.cpu_limit
         await self.gpulab_allocate(profile)
         try:
+            await self.prepare_workspace(self.workspace_home_dir())
             url = await super().start()
         except BaseException:
             await self.gpulab_release()
@@ -153,6 +158,14 @@ class GPULocalSpawnerMixin(GPUSpawnerMixin):
         finally:
             self.watchdog.unwatch(self.allocation_id)
             await self.gpulab_release()
+        await self.snapshot_workspace(self.workspace_home_dir())
+
+    def workspace_home_dir(self) -> Path:
+        home = getattr(self, "home_dir", "")
+        return Path(home) if home else Path(pwd.getpwnam(self.user.name).pw_dir)
+
+    def get_args(self) -> list[str]:
+        return [*super().get_args(), *self.workspace_args()]
 
     async def poll(self) -> int | None:
         had_process = bool(self.pid)
@@ -162,6 +175,7 @@ class GPULocalSpawnerMixin(GPUSpawnerMixin):
             # already gone, so its share is released here
             self.watchdog.unwatch(self.allocation_id)
             await self.gpulab_release()
+            await self.snapshot_workspace(self.workspace_home_dir(), label="after-exit")
         elif status is None and not self.watchdog.is_watching(self.allocation_id):
             # resumed after a hub restart: pick up the persisted placement and watch it again
             if self.gpulab_placement is None:
@@ -196,6 +210,12 @@ class GPULocalSpawnerMixin(GPUSpawnerMixin):
 
 class GPULocalSpawner(GPULocalSpawnerMixin, LocalProcessSpawner):
     """Each server runs as its user's system account, with a whole or fractional GPU."""
+
+    @default("checkpoints")
+    def _default_checkpoints(self) -> bool:
+        # the workspace set-up writes into the user's home as the hub's account; until it runs as
+        # the user, system-account servers opt in explicitly
+        return False
 
 
 class GPUSimpleLocalSpawner(GPULocalSpawnerMixin, SimpleLocalProcessSpawner):

@@ -14,34 +14,10 @@ from tests.hubtools import Hub, run_in_kernel
 
 pytestmark = pytest.mark.e2e
 
-# What the spawner owner wires in: environment from persistent_env (per user and server, with the
-# user's key), the home prepared before spawn, and a shutdown grace for the final save.
-OVERLAY = """
-import os
-from pathlib import Path
-from gpulab.spawner.checkpoint import derive_user_key
-from gpulab.spawner.checkpoint.environment import persistent_env, prepare_home, server_args
-
-_SECRET = b"e2e-hub-secret-0123456789abcdef"
-
-def _env_of(spawner):
-    return persistent_env(
-        Path(spawner.home_dir),
-        server=spawner.name,
-        base_env=os.environ,
-        key=derive_user_key(_SECRET, spawner.user.name),
-        user=spawner.user.name,
-    )
-
-def _value(name):
-    return lambda spawner: _env_of(spawner)[name]
-
-_names = persistent_env(Path("/h"), key=b"k" * 32, user="u")
-c.GPUSimpleLocalSpawner.environment = {name: _value(name) for name in _names}
-c.Spawner.pre_spawn_hook = lambda spawner: prepare_home(Path(spawner.home_dir))
-c.GPUSimpleLocalSpawner.args = server_args(20)
-c.GPUSimpleLocalSpawner.interrupt_timeout = 45
-"""
+# Nothing to configure: GPUSimpleLocalSpawner wires the workspace in by default (environment from
+# persistent_env with the user's derived key, the home prepared before spawn, a shutdown grace for
+# the final save, a snapshot of the home on stop).
+OVERLAY = ""
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +71,7 @@ async def test_packages_installed_in_a_kernel_survive_a_server_restart(hub, tmp_
     home = Path(hub.state_dir) / "homes" / "alice"
     assert out.strip().splitlines()[-1].startswith(f"42 {home}/.local/")
     hub.stop_server("alice")
+    # every stop left a snapshot of the home, with the package in it
+    store = Path(hub.state_dir) / "snapshots" / "alice" / "default"
+    snapshots = sorted(p.name for p in store.iterdir() if not p.name.startswith("."))
+    assert snapshots, f"no snapshot in {store}"

@@ -1,0 +1,105 @@
+"""Local workspaces that come back as they were left: packages and environments kept in the home,
+kernel variables checkpointed by gpulab's IPython extension, home snapshots on every stop.
+
+A mixin of the local spawners; the pieces themselves live in `gpulab.spawner.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+
+from traitlets import Bool, Integer, Unicode
+from traitlets.config import Configurable
+
+from gpulab.spawner.checkpoint import derive_user_key
+from gpulab.spawner.checkpoint import snapshots as snaps
+from gpulab.spawner.checkpoint.environment import persistent_env, prepare_home, server_args
+
+
+class LocalWorkspaceMixin(Configurable):
+    checkpoints = Bool(
+        True,
+        config=True,
+        help="""Keep workspaces: installed packages and conda/venv environments in the home, kernel
+        variables checkpointed (signed per user) and offered back on the next start, and a
+        snapshot of the home each time the server stops.""",
+    )
+    checkpoint_grace_seconds = Integer(
+        30,
+        config=True,
+        help="How long a stopping server's kernels get to write their final checkpoint.",
+    )
+    checkpoint_secret_file = Unicode(
+        "gpulab-checkpoint-secret",
+        config=True,
+        help="""File holding the hub secret that per-user checkpoint keys are derived from
+        (created with 32 random bytes, mode 0600, on first use; relative to the hub's directory).""",
+    )
+    snapshot_root = Unicode(
+        "snapshots",
+        config=True,
+        help="Where home snapshots are kept, one store per user and server (outside the homes).",
+    )
+    snapshot_keep_last = Integer(5, config=True, help="Snapshots kept per server: the newest N...")
+    snapshot_keep_daily = Integer(
+        7, config=True, help="...plus the newest of each of the last D days."
+    )
+
+    def _checkpoint_secret(self) -> bytes:
+        path = Path(self.checkpoint_secret_file)
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+        return path.read_bytes()
+
+    def workspace_home(self, env: dict[str, str]) -> Path:
+        return Path(env.get("HOME") or os.path.expanduser(f"~{self.user.name}"))
+
+    def workspace_env(self, env: dict[str, str]) -> dict[str, str]:
+        """Environment additions for the server process (empty when checkpoints are off)."""
+        if not self.checkpoints:
+            return {}
+        home = self.workspace_home(env)
+        return persistent_env(
+            home,
+            server=self.name,
+            base_env=env,
+            key=derive_user_key(self._checkpoint_secret(), self.user.name),
+            user=self.user.name,
+        )
+
+    def workspace_args(self) -> list[str]:
+        return server_args(self.checkpoint_grace_seconds) if self.checkpoints else []
+
+    def snapshot_store(self) -> Path:
+        return Path(self.snapshot_root).resolve() / self.user.name / (self.name or "default")
+
+    async def prepare_workspace(self, home: Path) -> None:
+        if self.checkpoints:
+            # the kernels' stop takes their final save: give the server that long to stop
+            self.interrupt_timeout = max(
+                self.interrupt_timeout, 2 * self.checkpoint_grace_seconds + 5
+            )
+            await asyncio.to_thread(prepare_home, home)
+
+    async def snapshot_workspace(self, home: Path, label: str = "on-stop") -> None:
+        if not self.checkpoints:
+            return
+        store = self.snapshot_store()
+
+        def take() -> None:
+            if not home.is_dir():
+                return
+            snaps.snapshot(home, store, label)
+            snaps.apply_retention(
+                store, keep_last=self.snapshot_keep_last, keep_daily=self.snapshot_keep_daily
+            )
+
+        try:
+            await asyncio.to_thread(take)
+        except Exception:
+            self.log.exception("Snapshot of %s's home %s failed", self.user.name, home)
