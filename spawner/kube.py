@@ -17,7 +17,7 @@ from kubernetes_asyncio.client import V1DeleteOptions
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Dict, Float, Unicode, default, validate
+from traitlets import Dict, Float, List, Unicode, default, validate
 
 from gpulab.hub.allocator import NoCapacity, Placement, QuotaExceeded
 from gpulab.hub.inventory import KNOWN_MODELS
@@ -94,6 +94,22 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     def _default_grace(self) -> int:
         # long enough for the kernel-state checkpoint to be written on SIGTERM
         return 60
+
+    prestop_command = List(
+        ["python3", "-m", "gpulab.spawner.prestop"],
+        config=True,
+        help="""preStop hook of server pods (the image must have gpulab installed): it makes this
+        server's kernels write their final checkpoint before Kubernetes stops the server. It gets
+        `--timeout <delete_grace_period - 5>`. Empty: no hook.""",
+    )
+
+    @default("lifecycle_hooks")
+    def _default_lifecycle_hooks(self) -> dict[str, Any]:
+        if not self.prestop_command:
+            return {}
+        timeout = max(1, self.delete_grace_period - 5)
+        command = [*self.prestop_command, "--timeout", str(timeout)]
+        return {"preStop": {"exec": {"command": command}}}
 
     _priority_classes_ready: ClassVar[bool] = False
 

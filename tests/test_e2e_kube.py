@@ -45,6 +45,7 @@ PROFILES = [
 ]
 
 OVERLAY = f"""
+import sys
 c.JupyterHub.spawner_class = 'gpulab-kube'
 c.JupyterHub.hub_connect_ip = '127.0.0.1'
 c.GPUKubeSpawner.namespace = 'default'
@@ -54,6 +55,7 @@ c.GPUKubeSpawner.http_timeout = 90
 c.GPUKubeSpawner.delete_grace_period = 5
 c.GPUKubeSpawner.node_failure_seconds = 2
 c.GPUKubeSpawner.gpu_sharing = 'mig'
+c.GPUKubeSpawner.prestop_command = [sys.executable, '-m', 'gpulab.spawner.prestop']
 c.GPUCapacity.profiles = {PROFILES!r}
 """
 
@@ -122,6 +124,13 @@ def test_whole_gpu_server_runs_where_the_real_scheduler_put_it_and_capacity_matc
         "values": ["NVIDIA-A100-SXM4-80GB"],
     } in (terms["nodeSelectorTerms"][0]["matchExpressions"])
     assert pod["metadata"]["labels"]["gpulab.io/affinity-group"] == "kim"
+    prestop = pod["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert prestop[1:] == [
+        "-m",
+        "gpulab.spawner.prestop",
+        "--timeout",
+        "1",
+    ]  # delete_grace_period 5 - 5, at least 1
     preferred = pod["spec"]["affinity"]["podAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"
     ]
