@@ -405,26 +405,21 @@ class PodWorker:
 
     async def _load_env_objects(self) -> None:
         cms, secs = podenv.referenced_objects(self.pod)
-        self._configmaps: dict[str, dict[str, Any] | None] = {}
-        self._secrets: dict[str, dict[str, Any] | None] = {}
-        for name in cms:
+        core = self.node.core
+        self._configmaps = await self._read_optional(core.read_namespaced_config_map, cms)
+        self._secrets = await self._read_optional(core.read_namespaced_secret, secs)
+
+    async def _read_optional(self, read: Any, names: Any) -> dict[str, dict[str, Any] | None]:
+        """name -> object, or None where it does not exist (the pod's env decides if that is fatal)."""
+        found: dict[str, dict[str, Any] | None] = {}
+        for name in names:
             try:
-                self._configmaps[name] = await raw(
-                    self.node.core.read_namespaced_config_map(name, self.ns, _preload_content=False)
-                )
+                found[name] = await raw(read(name, self.ns, _preload_content=False))
             except Exception as e:
                 if status_of(e) != 404:
                     raise
-                self._configmaps[name] = None
-        for name in secs:
-            try:
-                self._secrets[name] = await raw(
-                    self.node.core.read_namespaced_secret(name, self.ns, _preload_content=False)
-                )
-            except Exception as e:
-                if status_of(e) != 404:
-                    raise
-                self._secrets[name] = None
+                found[name] = None
+        return found
 
     async def _start(self, cs: ContainerState, volumes: dict[str, tuple[Path, bool]]) -> bool:
         """Start one run of the container; False (and a terminated StartError state) if it failed."""
