@@ -28,6 +28,7 @@ from gpulab.spawner.kube_resources import (
     GPU_RESOURCE,
     inventory_from_nodes,
     node_is_ready,
+    node_is_tainted,
 )
 from gpulab.spawner.kube_watch import WatchCache, object_key
 
@@ -123,6 +124,7 @@ class KubeGPUState:
                     node_is_ready(node),
                     json.dumps(status.get("allocatable"), sort_keys=True),
                     bool((node.get("spec") or {}).get("unschedulable")),
+                    node_is_tainted(node),
                 )
             )
         return tuple(sig)
