@@ -37,6 +37,7 @@ from gpulab.spawner.kube_state import (
     KubeGPUState,
     ensure_kube_state,
     placement_annotation,
+    placement_from_pod,
 )
 
 
@@ -188,7 +189,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         try:
             return await self.gpulab_allocate(profile)
         except web.HTTPError as e:
-            if e.status_code != 409 or profile.priority != "on-demand":
+            if (
+                e.status_code != 409
+                or profile.priority != "on-demand"
+                or not capacity.fits_inventory(profile)  # no eviction makes room for that
+            ):
                 raise
         try:
             placement, victims = await asyncio.to_thread(
@@ -213,8 +218,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         self.gpu_capacity.record_event(victim.request.id, "preempted", message)
         self.gpu_capacity.record_notice(victim.request.owner, message)
         for key, pod in list(state.pods.objects.items()):
-            annotation = (pod["metadata"].get("annotations") or {}).get(PLACEMENT_ANNOTATION, "")
-            if f'"id": "{victim.request.id}"' not in annotation:
+            held = placement_from_pod(pod)
+            if held is None or held.request.id != victim.request.id:
                 continue
             namespace, name = key.split("/", 1)
             grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
