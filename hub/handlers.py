@@ -84,7 +84,57 @@ class AllocationsAPIHandler(_GPULabAPIHandler):
         self.write({"inventory": capacity.inventory_label, "allocations": out})
 
 
+class _WorkspaceHandler(_GPULabAPIHandler):
+    def _spawner_for(self, username: str, server: str) -> Any:
+        caller, _, is_admin = self._caller_groups_admin()
+        if caller != username and not is_admin:
+            raise web.HTTPError(
+                403, f"Only {username!r} and admins may see {username!r}'s snapshots"
+            )
+        user = self.find_user(username)
+        if user is None:
+            raise web.HTTPError(404, f"No such user {username!r}")
+        spawner = user.spawners[server]
+        if not hasattr(spawner, "restore_workspace"):
+            raise web.HTTPError(400, f"{type(spawner).__name__} keeps no workspace snapshots")
+        return spawner
+
+
+class WorkspaceSnapshotsAPIHandler(_WorkspaceHandler):
+    """GET /hub/api/gpulab/users/{user}/[servers/{server}/]snapshots: newest first."""
+
+    async def get(self, username: str, server: str = "") -> None:
+        spawner = self._spawner_for(username, server)
+        self.write({"snapshots": await spawner.list_workspace_snapshots()})
+
+
+class WorkspaceRestoreAPIHandler(_WorkspaceHandler):
+    """POST .../snapshots/{id}/restore: the stopped server's home goes back to that snapshot."""
+
+    async def post(self, username: str, *rest: str) -> None:
+        server, snapshot_id = rest if len(rest) == 2 else ("", rest[0])
+        spawner = self._spawner_for(username, server)
+        if spawner.active:
+            raise web.HTTPError(
+                409, f"Stop server {username}/{server} before restoring its workspace"
+            )
+        try:
+            result = await spawner.restore_workspace(snapshot_id)
+        except KeyError:
+            raise web.HTTPError(
+                404, f"No snapshot {snapshot_id!r} for {username}/{server}"
+            ) from None
+        self.write(result)
+
+
 gpulab_handlers: list[tuple[str, type[APIHandler]]] = [
+    (r"/api/gpulab/users/([^/]+)/snapshots", WorkspaceSnapshotsAPIHandler),
+    (r"/api/gpulab/users/([^/]+)/servers/([^/]+)/snapshots", WorkspaceSnapshotsAPIHandler),
+    (r"/api/gpulab/users/([^/]+)/snapshots/([^/]+)/restore", WorkspaceRestoreAPIHandler),
+    (
+        r"/api/gpulab/users/([^/]+)/servers/([^/]+)/snapshots/([^/]+)/restore",
+        WorkspaceRestoreAPIHandler,
+    ),
     (r"/api/gpulab/capacity", CapacityAPIHandler),
     (r"/api/gpulab/allocations", AllocationsAPIHandler),
 ]

@@ -8,8 +8,6 @@ single-account default of an embedded install on one workstation or GPU server.
 from __future__ import annotations
 
 import os
-import pwd
-from pathlib import Path
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -160,10 +158,6 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             await self.gpulab_release()
         await self.snapshot_workspace(self.workspace_home_dir())
 
-    def workspace_home_dir(self) -> Path:
-        home = getattr(self, "home_dir", "")
-        return Path(home) if home else Path(pwd.getpwnam(self.user.name).pw_dir)
-
     def get_args(self) -> list[str]:
         return [*super().get_args(), *self.workspace_args()]
 
@@ -175,7 +169,8 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             # already gone, so its share is released here
             self.watchdog.unwatch(self.allocation_id)
             await self.gpulab_release()
-            await self.snapshot_workspace(self.workspace_home_dir(), label="after-exit")
+            if not self._stop_pending:  # a stop takes its own snapshot once the process is gone
+                await self.snapshot_workspace(self.workspace_home_dir(), label="after-exit")
         elif status is None and not self.watchdog.is_watching(self.allocation_id):
             # resumed after a hub restart: pick up the persisted placement and watch it again
             if self.gpulab_placement is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import secrets
 from pathlib import Path
 
@@ -56,14 +57,16 @@ class LocalWorkspaceMixin(Configurable):
                 f.write(secrets.token_bytes(32))
         return path.read_bytes()
 
-    def workspace_home(self, env: dict[str, str]) -> Path:
-        return Path(env.get("HOME") or os.path.expanduser(f"~{self.user.name}"))
+    def workspace_home_dir(self) -> Path:
+        """The server's home: the single-account spawner's home_dir, else the user's account's."""
+        home = getattr(self, "home_dir", "")
+        return Path(home) if home else Path(pwd.getpwnam(self.user.name).pw_dir)
 
     def workspace_env(self, env: dict[str, str]) -> dict[str, str]:
         """Environment additions for the server process (empty when checkpoints are off)."""
         if not self.checkpoints:
             return {}
-        home = self.workspace_home(env)
+        home = self.workspace_home_dir()
         return persistent_env(
             home,
             server=self.name,
@@ -103,3 +106,29 @@ class LocalWorkspaceMixin(Configurable):
             await asyncio.to_thread(take)
         except Exception:
             self.log.exception("Snapshot of %s's home %s failed", self.user.name, home)
+
+    # -- restore (hub API) ---------------------------------------------------------------------
+
+    async def list_workspace_snapshots(self) -> list[dict[str, object]]:
+        found = await asyncio.to_thread(snaps.list_snapshots, self.snapshot_store())
+        return [
+            {"id": s.id, "label": s.label, "created": s.created, "files": s.files, "bytes": s.bytes}
+            for s in reversed(found)
+        ]
+
+    async def restore_workspace(self, snapshot_id: str) -> dict[str, object]:
+        """Put the home back as it was in `snapshot_id` (the server must be stopped); the home as
+        it was just before is kept as a 'before-restore' snapshot. KeyError: no such snapshot."""
+        home, store = self.workspace_home_dir(), self.snapshot_store()
+
+        def restore() -> str | None:
+            try:
+                snap = snaps.get_snapshot(store, snapshot_id)
+            except snaps.SnapshotError as e:
+                raise KeyError(str(e)) from None
+            before = snaps.restore(snap, home)
+            return before.id if before else None
+
+        before_id = await asyncio.to_thread(restore)
+        self.log.info("Restored %s's home %s to snapshot %s", self.user.name, home, snapshot_id)
+        return {"restored": snapshot_id, "before_restore": before_id}

@@ -383,7 +383,7 @@ def apply_retention(
     if keep_last < 0 or keep_daily < 0:
         raise ValueError(f"keep_last={keep_last} and keep_daily={keep_daily} must be >= 0")
     snaps = list_snapshots(store)
-    keep = {s.id for s in snaps[len(snaps) - keep_last :]} if keep_last else set()
+    keep = {s.id for s in snaps[max(0, len(snaps) - keep_last) :]} if keep_last else set()
     today = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).date()
     newest_per_day: dict[object, Snapshot] = {}
     for s in snaps:

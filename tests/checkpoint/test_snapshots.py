@@ -152,3 +152,13 @@ def test_clone_into_a_new_named_server_moves_its_kernel_checkpoints(home, tmp_pa
     new = snaps.clone(s, tmp_path / "homes" / "alice-exp", rename_server=("", "exp"))
     assert (new / ".gpulab" / "checkpoints" / "exp" / "nb" / "manifest.json").read_text() == "m"
     assert not (new / ".gpulab" / "checkpoints" / "default").exists()
+
+
+def test_retention_keeps_everything_while_there_are_fewer_than_keep_last(tmp_path):
+    home, store = tmp_path / "home", tmp_path / "store"
+    home.mkdir()
+    (home / "a").write_text("1")
+    for _ in range(3):
+        snaps.snapshot(home, store, "on-stop")
+        assert snaps.apply_retention(store, keep_last=5, keep_daily=0) == []
+    assert len(snaps.list_snapshots(store)) == 3
