@@ -128,7 +128,13 @@ class GPUSpawnerMixin(Configurable):
             notices=capacity.take_notices(self.user.name),
         )
 
-    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+    @default("options_from_form")
+    def _default_options_from_form(self) -> Any:
+        return self.gpulab_options_from_form
+
+    def gpulab_options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        """The picker's form -> user_options (a method of its own, so that configuring
+        `Spawner.options_from_form` still takes effect)."""
         values = formdata.get("profile") or [""]
         return {"profile": values[0]}
 

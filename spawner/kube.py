@@ -126,7 +126,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     def _gpulab_kube_options_from_form(self) -> Any:
         if self.profile_list:
             return self._options_from_form
-        return lambda formdata: GPUSpawnerMixin.options_from_form(self, formdata)
+        return self.gpulab_options_from_form
 
     def gpulab_apply_user_options(self, user_options: Any) -> None:
         if self.profile_list:

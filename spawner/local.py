@@ -65,13 +65,6 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
     def _default_options_form(self) -> Any:
         return self.gpulab_options_form
 
-    @default("options_from_form")
-    def _default_options_from_form(self) -> Any:
-        return self.options_from_form_profile
-
-    def options_from_form_profile(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
-        return GPUSpawnerMixin.options_from_form(self, formdata)
-
     def describe_enforcement(self, gpus: list[AssignedGPU]) -> Enforcement:
         return enforcement_for(gpus, mps_available=bool(self.mps_pipe_directory))
 
