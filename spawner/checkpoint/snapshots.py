@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpulab.spawner.checkpoint.blobs import fsync_dir
+
 _FICLONE = 0x40049409
 _RENAME_EXCHANGE = 2
 _META = "snapshot.json"
@@ -249,19 +251,11 @@ def snapshot(
         (tmp / _META).write_text(json.dumps(meta))
         _syncfs(tmp)
         os.rename(tmp, store / snap_id)
-        _fsync_dir(store)
+        fsync_dir(store)
     except BaseException:
         _rmtree(tmp)
         raise
     return Snapshot(snap_id, store / snap_id, label, created, files, total, new)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _rmtree(path: Path) -> None:
@@ -341,17 +335,17 @@ def restore(snap: Snapshot, home: Path, *, keep_current: bool = True) -> Snapsho
     staging = _materialize(snap, home.parent, home.name)
     if home.exists():
         if _exchange(staging, home):
-            _fsync_dir(home.parent)
+            fsync_dir(home.parent)
             _rmtree(staging)  # now the old home
             return before
         old = home.parent / f".{home.name}.old-{secrets.token_hex(4)}"
         os.rename(home, old)
         os.rename(staging, home)
-        _fsync_dir(home.parent)
+        fsync_dir(home.parent)
         _rmtree(old)
     else:
         os.rename(staging, home)
-        _fsync_dir(home.parent)
+        fsync_dir(home.parent)
     return before
 
 
@@ -370,7 +364,7 @@ def clone(snap: Snapshot, new_home: Path, *, rename_server: tuple[str, str] | No
             _rmtree(new)
             os.rename(old, new)
     os.rename(staging, new_home)
-    _fsync_dir(new_home.parent)
+    fsync_dir(new_home.parent)
     return new_home
 
 
