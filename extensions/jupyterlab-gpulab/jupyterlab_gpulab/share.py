@@ -1,0 +1,75 @@
+"""The GPU share a server holds, as gpulab's spawner describes it in the server's environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Share:
+    """Devices and limits of this server; parsed once from the environment at start."""
+
+    uuids: tuple[str, ...]
+    memory_limit_mib: float | None  # a fractional share's cap; None for whole devices
+    fraction: float | None  # e.g. 0.25; None for whole devices
+    enforcement: str
+    profile: str
+    user: str
+    server: str
+
+    @property
+    def whole(self) -> bool:
+        """The server owns its devices outright (whole GPUs or its own MIG slice)."""
+        return self.fraction is None and self.memory_limit_mib is None
+
+    def to_json(self) -> dict[str, object]:
+        return {"profile": self.profile, "fraction": self.fraction, "enforcement": self.enforcement}
+
+
+def is_mig_uuid(uuid: str) -> bool:
+    """MIG devices are named `MIG-<uuid>` (R470+) or `MIG-GPU-<uuid>/<gi>/<ci>` (older drivers)."""
+    return uuid.startswith("MIG-")
+
+
+def _float_or_none(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{name}={raw!r} is not a number; gpulab's spawner sets e.g. {name}=0.250"
+        ) from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def share_from_env(env: Mapping[str, str] | None = None) -> Share:
+    """Read GPULAB_GPU_UUIDS, GPULAB_GPU_MEMORY_LIMIT_MIB, GPULAB_GPU_FRACTION and friends."""
+    env = os.environ if env is None else env
+    uuids = tuple(u.strip() for u in env.get("GPULAB_GPU_UUIDS", "").split(",") if u.strip())
+    fraction = _float_or_none(env, "GPULAB_GPU_FRACTION")
+    if fraction is not None and fraction >= 1:
+        fraction = None  # a "share" of the whole device is the whole device
+    return Share(
+        uuids=tuple(dict.fromkeys(uuids)),  # de-duplicated, order kept
+        memory_limit_mib=_float_or_none(env, "GPULAB_GPU_MEMORY_LIMIT_MIB"),
+        fraction=fraction,
+        enforcement=env.get("GPULAB_GPU_ENFORCEMENT", "") or ("exclusive" if uuids else "none"),
+        profile=env.get("GPULAB_PROFILE", ""),
+        user=env.get("JUPYTERHUB_USER", "") or _login_name(),
+        server=env.get("JUPYTERHUB_SERVER_NAME", ""),
+    )
+
+
+def _login_name() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return ""
