@@ -11,7 +11,9 @@ from typing import Any
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
+from gpulab.hub import workspace_actions
 from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.workspace_page import WorkspacesPageHandler
 
 
 class _GPULabAPIHandler(APIHandler):
@@ -86,48 +88,49 @@ class AllocationsAPIHandler(_GPULabAPIHandler):
 
 class _WorkspaceHandler(_GPULabAPIHandler):
     def _spawner_for(self, username: str, server: str) -> Any:
-        caller, _, is_admin = self._caller_groups_admin()
-        if caller != username and not is_admin:
-            raise web.HTTPError(
-                403, f"Only {username!r} and admins may see {username!r}'s snapshots"
-            )
-        user = self.find_user(username)
-        if user is None:
-            raise web.HTTPError(404, f"No such user {username!r}")
-        spawner = user.spawners[server]
-        if not hasattr(spawner, "restore_workspace"):
-            raise web.HTTPError(400, f"{type(spawner).__name__} keeps no workspace snapshots")
-        return spawner
+        return workspace_actions.workspace_spawner(self, username, server)
 
 
 class WorkspaceSnapshotsAPIHandler(_WorkspaceHandler):
-    """GET /hub/api/gpulab/users/{user}/[servers/{server}/]snapshots: newest first."""
+    """GET /hub/api/gpulab/users/{user}/[servers/{server}/]snapshots: newest first, with the
+    kernel checkpoints a start would offer."""
 
     async def get(self, username: str, server: str = "") -> None:
         spawner = self._spawner_for(username, server)
-        self.write({"snapshots": await spawner.list_workspace_snapshots()})
+        offer = getattr(spawner, "workspace_offer", None)
+        kernels = ((await offer()) or {}).get("kernels", []) if offer else []
+        self.write({"snapshots": await spawner.list_workspace_snapshots(), "kernels": kernels})
+
+
+def _server_and_snapshot(rest: tuple[str, ...]) -> tuple[str, str]:
+    return (rest[0], rest[1]) if len(rest) == 2 else ("", rest[0])
 
 
 class WorkspaceRestoreAPIHandler(_WorkspaceHandler):
     """POST .../snapshots/{id}/restore: the stopped server's home goes back to that snapshot."""
 
     async def post(self, username: str, *rest: str) -> None:
-        server, snapshot_id = rest if len(rest) == 2 else ("", rest[0])
+        server, snapshot_id = _server_and_snapshot(rest)
         spawner = self._spawner_for(username, server)
-        if spawner.active:
-            raise web.HTTPError(
-                409, f"Stop server {username}/{server} before restoring its workspace"
-            )
-        try:
-            result = await spawner.restore_workspace(snapshot_id)
-        except KeyError:
-            raise web.HTTPError(
-                404, f"No snapshot {snapshot_id!r} for {username}/{server}"
-            ) from None
+        self.write(await workspace_actions.restore(spawner, snapshot_id))
+
+
+class WorkspaceCloneAPIHandler(_WorkspaceHandler):
+    """POST .../snapshots/{id}/clone {"name": "new-server"}: a new named server whose home
+    starts as that snapshot (kernel checkpoints included); start it as usual."""
+
+    async def post(self, username: str, *rest: str) -> None:
+        server, snapshot_id = _server_and_snapshot(rest)
+        spawner = self._spawner_for(username, server)
+        body = self.get_json_body() or {}
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, 'The body must be a JSON object like {"name": "exp-2"}')
+        result = await workspace_actions.clone(self, spawner, snapshot_id, body.get("name"))
+        self.set_status(201)
         self.write(result)
 
 
-gpulab_handlers: list[tuple[str, type[APIHandler]]] = [
+gpulab_handlers: list[tuple[str, type[Any]]] = [
     (r"/api/gpulab/users/([^/]+)/snapshots", WorkspaceSnapshotsAPIHandler),
     (r"/api/gpulab/users/([^/]+)/servers/([^/]+)/snapshots", WorkspaceSnapshotsAPIHandler),
     (r"/api/gpulab/users/([^/]+)/snapshots/([^/]+)/restore", WorkspaceRestoreAPIHandler),
@@ -135,6 +138,12 @@ gpulab_handlers: list[tuple[str, type[APIHandler]]] = [
         r"/api/gpulab/users/([^/]+)/servers/([^/]+)/snapshots/([^/]+)/restore",
         WorkspaceRestoreAPIHandler,
     ),
+    (r"/api/gpulab/users/([^/]+)/snapshots/([^/]+)/clone", WorkspaceCloneAPIHandler),
+    (
+        r"/api/gpulab/users/([^/]+)/servers/([^/]+)/snapshots/([^/]+)/clone",
+        WorkspaceCloneAPIHandler,
+    ),
+    (r"/gpulab/workspaces", WorkspacesPageHandler),
     (r"/api/gpulab/capacity", CapacityAPIHandler),
     (r"/api/gpulab/allocations", AllocationsAPIHandler),
 ]

@@ -29,7 +29,9 @@ from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement, enforcement_for
 from gpulab.spawner.picker import PickerRow, render_picker
 
-_ALLOWED_OPTION_KEYS = {"profile"}
+#: one-shot choices about the workspace, applied at the next start and then forgotten
+WORKSPACE_OPTION_KEYS = frozenset({"restore_snapshot", "restore_kernels"})
+_ALLOWED_OPTION_KEYS = {"profile", *WORKSPACE_OPTION_KEYS}
 
 
 def _status_for(error: AllocationError) -> int:
@@ -120,12 +122,16 @@ class GPUSpawnerMixin(Configurable):
             # a full profile stays selectable when spawns may wait in the queue for it
             closed = not a.fits_inventory or (a.free == 0 and not self.queue_timeout_seconds)
             rows.append(PickerRow(a, self.isolation_preview(p), p.slug == default, closed))
+        offer = getattr(self, "workspace_offer", None)
+        workspace = await offer() if offer is not None else None
         return render_picker(
             rows,
             inventory_label=capacity.inventory_label,
             declared=capacity.inventory_is_declared,
             quota=capacity.quota_summary(self.user.name, self.user_groups),
             notices=capacity.take_notices(self.user.name),
+            workspace=workspace,
+            workspaces_url=f"{self.hub.base_url}gpulab/workspaces" if self.hub else "",
         )
 
     @default("options_from_form")
@@ -136,7 +142,13 @@ class GPUSpawnerMixin(Configurable):
         """The picker's form -> user_options (a method of its own, so that configuring
         `Spawner.options_from_form` still takes effect)."""
         values = formdata.get("profile") or [""]
-        return {"profile": values[0]}
+        options: dict[str, Any] = {"profile": values[0]}
+        snapshot = (formdata.get("restore_snapshot") or [""])[0]
+        if snapshot:
+            options["restore_snapshot"] = snapshot
+        if formdata.get("restore_kernels"):
+            options["restore_kernels"] = True
+        return options
 
     # -- validation ----------------------------------------------------------------------------
 
@@ -150,6 +162,32 @@ class GPUSpawnerMixin(Configurable):
     def gpulab_apply_user_options(self, user_options: Any) -> None:
         """JupyterHub's apply_user_options hook: validate the choice before anything starts."""
         self.gpulab_profile = self.resolve_profile(user_options)
+        self.workspace_options(user_options)
+
+    def workspace_options(self, user_options: Any) -> tuple[str | None, bool]:
+        """(snapshot to restore the home from, restore kernel variables without asking), checked."""
+        options = user_options if isinstance(user_options, dict) else {}
+        snapshot = options.get("restore_snapshot")
+        if snapshot is not None and (not isinstance(snapshot, str) or not snapshot):
+            raise web.HTTPError(
+                400, f"'restore_snapshot' must be a snapshot id (a string), got {snapshot!r}"
+            )
+        kernels = options.get("restore_kernels", False)
+        if not isinstance(kernels, bool):
+            raise web.HTTPError(400, f"'restore_kernels' must be true or false, got {kernels!r}")
+        if (snapshot or kernels) and not hasattr(self, "restore_workspace"):
+            raise web.HTTPError(400, f"{type(self).__name__} keeps no workspace checkpoints")
+        return snapshot, kernels
+
+    def forget_workspace_options(self) -> None:
+        """The workspace choices hold for one start: JupyterHub reuses a server's last options
+        when a start names none, and a second restore would throw away work done since."""
+        for holder in (self, getattr(self, "orm_spawner", None)):
+            options = getattr(holder, "user_options", None)
+            if isinstance(options, dict) and WORKSPACE_OPTION_KEYS & set(options):
+                holder.user_options = {  # type: ignore[union-attr]
+                    k: v for k, v in options.items() if k not in WORKSPACE_OPTION_KEYS
+                }
 
     def resolve_profile(self, user_options: Any) -> Profile:
         """The profile a request names, refused with a readable 4xx when it is unknown,
@@ -166,8 +204,9 @@ class GPUSpawnerMixin(Configurable):
         if unknown:
             raise web.HTTPError(
                 400,
-                f"Unknown server option(s) {sorted(unknown)}; gpulab takes only 'profile' "
-                f"(one of {[p.slug for p in capacity.catalog]})",
+                f"Unknown server option(s) {sorted(unknown)}; gpulab takes 'profile' "
+                f"(one of {[p.slug for p in capacity.catalog]}), 'restore_snapshot' (a snapshot "
+                "id) and 'restore_kernels' (true/false)",
             )
         slug = user_options.get("profile")
         if slug in (None, ""):

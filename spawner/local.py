@@ -11,6 +11,7 @@ import os
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from tornado import web
 from traitlets import Float, Unicode, default
 
 from gpulab.spawner.environment import (
@@ -133,6 +134,11 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             self.mem_limit = profile.mem_limit_mib * 1024 * 1024
         if profile.cpu_limit:
             self.cpu_limit = profile.cpu_limit
+        if self.checkpoints and self.name == "default":
+            raise web.HTTPError(
+                400, "The server name 'default' is reserved for the default server's workspace"
+            )
+        await self.apply_workspace_options()
         await self.gpulab_allocate(profile)
         try:
             await self.prepare_workspace(self.workspace_home_dir())
@@ -140,6 +146,8 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         except BaseException:
             await self.gpulab_release()
             raise
+        finally:
+            self.workspace_auto_restore = False  # once, for this start
         self._start_watchdog()
         return url
 
@@ -177,6 +185,8 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             state["gpulab_allocation"] = self.allocation_id
         if self.gpulab_profile is not None:
             state["gpulab_profile"] = self.gpulab_profile.slug
+        if self.workspace_name is not None:
+            state["gpulab_workspace"] = self.workspace_name
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -186,10 +196,13 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         slug = state.get("gpulab_profile")
         if slug:
             self.gpulab_profile = self.gpu_capacity.profile(slug)
+        if state.get("gpulab_workspace") is not None:
+            self.workspace_name = state["gpulab_workspace"]
 
     def clear_state(self) -> None:
         super().clear_state()
         self.gpulab_profile = None
+        # workspace_name stays: the workspace outlives the server process
 
     async def progress(self) -> Any:
         async for event in self.gpulab_progress():
@@ -207,13 +220,33 @@ class GPULocalSpawner(GPULocalSpawnerMixin, LocalProcessSpawner):
 
 
 class GPUSimpleLocalSpawner(GPULocalSpawnerMixin, SimpleLocalProcessSpawner):
-    """Every server runs as the hub's own account, with a home directory per user: the embedded
-    single-account default. Users are not isolated from each other at the OS level; use
+    """Every server runs as the hub's own account, with a home directory per user and server: the
+    embedded single-account default. Users are not isolated from each other at the OS level; use
     GPULocalSpawner (system users) or GPUKubeSpawner where that matters."""
+
+    home_dir_template = Unicode(
+        config=True,
+        help="""Where each server's home (its persistent volume) lives. {username} is the user's
+        name, {servername} the server's name ('default' for the default server), so that a named
+        server, or a clone of a workspace, has a home of its own. Default: homes/{username}/{servername}
+        under the hub's directory.""",
+    )
 
     @default("home_dir_template")
     def _default_home_dir_template(self) -> str:
-        return os.path.join(os.getcwd(), "homes", "{username}")
+        return os.path.join(os.getcwd(), "homes", "{username}", "{servername}")
+
+    @default("home_dir")
+    def _default_home_dir(self) -> str:
+        return self.home_dir_template.format(
+            username=self.user.name, servername=self.workspace_dir_name
+        )
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        if state.get("gpulab_workspace") is not None:
+            # the home this server's workspace was created in, whatever the server is called now
+            self.home_dir = self._default_home_dir()
 
     def get_args(self) -> list[str]:
         args = list(super().get_args())

@@ -12,12 +12,20 @@ import pwd
 import secrets
 from pathlib import Path
 
+from tornado import web
 from traitlets import Bool, Integer, Unicode
 from traitlets.config import Configurable
 
 from gpulab.spawner.checkpoint import derive_user_key
 from gpulab.spawner.checkpoint import snapshots as snaps
 from gpulab.spawner.checkpoint.environment import persistent_env, prepare_home, server_args
+from gpulab.spawner.checkpoint.store import human_bytes, list_checkpoints
+
+
+def server_dir_name(server_name: str) -> str:
+    """The directory name of a server's home and snapshot store: its name, 'default' for the
+    default server."""
+    return server_name or "default"
 
 
 class LocalWorkspaceMixin(Configurable):
@@ -49,6 +57,16 @@ class LocalWorkspaceMixin(Configurable):
         7, config=True, help="...plus the newest of each of the last D days."
     )
 
+    #: restore kernel variables without asking on the next start (the picker's "restore kernel
+    #: variables" choice, or a respawn after the server was lost); reset after that start
+    workspace_auto_restore: bool = False
+    #: the server's name when its workspace was created: a renamed server keeps its home
+    workspace_name: str | None = None
+
+    @property
+    def workspace_dir_name(self) -> str:
+        return server_dir_name(self.name if self.workspace_name is None else self.workspace_name)
+
     def _checkpoint_secret(self) -> bytes:
         path = Path(self.checkpoint_secret_file)
         if not path.exists():
@@ -69,19 +87,25 @@ class LocalWorkspaceMixin(Configurable):
         home = self.workspace_home_dir()
         return persistent_env(
             home,
-            server=self.name,
+            server=self.workspace_dir_name,
             base_env=env,
-            key=derive_user_key(self._checkpoint_secret(), self.user.name),
+            key=self._user_key(),
             user=self.user.name,
+            auto_restore=self.workspace_auto_restore,
         )
+
+    def _user_key(self) -> bytes:
+        return derive_user_key(self._checkpoint_secret(), self.user.name)
 
     def workspace_args(self) -> list[str]:
         return server_args(self.checkpoint_grace_seconds) if self.checkpoints else []
 
     def snapshot_store(self) -> Path:
-        return Path(self.snapshot_root).resolve() / self.user.name / (self.name or "default")
+        return Path(self.snapshot_root).resolve() / self.user.name / self.workspace_dir_name
 
     async def prepare_workspace(self, home: Path) -> None:
+        if self.workspace_name is None:
+            self.workspace_name = self.name
         if self.checkpoints:
             # the kernels' stop takes their final save: give the server that long to stop
             self.interrupt_timeout = max(
@@ -107,12 +131,53 @@ class LocalWorkspaceMixin(Configurable):
         except Exception:
             self.log.exception("Snapshot of %s's home %s failed", self.user.name, home)
 
-    # -- restore (hub API) ---------------------------------------------------------------------
+    # -- restore and clone (hub API, picker) ---------------------------------------------------
+
+    async def apply_workspace_options(self) -> None:
+        """The start's one-shot workspace choices: restore the home from a snapshot, restore
+        kernel variables without asking. Applied before anything is allocated."""
+        snapshot_id, restore_kernels = self.workspace_options(self.user_options)  # type: ignore[attr-defined]
+        self.forget_workspace_options()  # type: ignore[attr-defined]
+        if restore_kernels:
+            self.workspace_auto_restore = True
+        if snapshot_id:
+            if not self.checkpoints:
+                raise web.HTTPError(400, "Workspace checkpoints are off for this server")
+            try:
+                await self.restore_workspace(snapshot_id)
+            except KeyError:
+                raise web.HTTPError(
+                    400,
+                    f"No snapshot {snapshot_id!r} of server {self.user.name}/{self.name}; "
+                    f"GET /hub/api/gpulab/users/{self.user.name}/snapshots lists them",
+                ) from None
+
+    async def workspace_offer(self) -> dict[str, object] | None:
+        """What the picker offers before a start: the kernel checkpoints that would be restored
+        (one per notebook, e.g. 'Restore 23 variables (1.2 GB, saved 10:32)') and the home
+        snapshots to start from. None when checkpoints are off."""
+        if not self.checkpoints:
+            return None
+        root = self.workspace_home_dir() / ".gpulab" / "checkpoints" / self.workspace_dir_name
+        key, user = self._user_key(), self.user.name
+        found = await asyncio.to_thread(list_checkpoints, root, key, user)
+        kernels = [
+            {"notebook": slot, "offer": m.describe(), "variables": m.count, "bytes": m.data_bytes}
+            for slot, m in found.items()
+        ]
+        return {"kernels": kernels, "snapshots": await self.list_workspace_snapshots()}
 
     async def list_workspace_snapshots(self) -> list[dict[str, object]]:
         found = await asyncio.to_thread(snaps.list_snapshots, self.snapshot_store())
         return [
-            {"id": s.id, "label": s.label, "created": s.created, "files": s.files, "bytes": s.bytes}
+            {
+                "id": s.id,
+                "label": s.label,
+                "created": s.created,
+                "files": s.files,
+                "bytes": s.bytes,
+                "size": human_bytes(s.bytes),
+            }
             for s in reversed(found)
         ]
 
@@ -132,3 +197,35 @@ class LocalWorkspaceMixin(Configurable):
         before_id = await asyncio.to_thread(restore)
         self.log.info("Restored %s's home %s to snapshot %s", self.user.name, home, snapshot_id)
         return {"restored": snapshot_id, "before_restore": before_id}
+
+    async def clone_workspace(
+        self, snapshot_id: str, target: LocalWorkspaceMixin
+    ) -> dict[str, object]:
+        """Give `target` (a new, never started server of the same user) a home with the content
+        of this server's snapshot `snapshot_id`, kernel checkpoints included. KeyError: no such
+        snapshot; FileExistsError: the target already has a home."""
+        store, new_home = self.snapshot_store(), target.workspace_home_dir()
+        rename = (self.workspace_dir_name, target.workspace_dir_name)
+
+        def clone() -> None:
+            try:
+                snap = snaps.get_snapshot(store, snapshot_id)
+            except snaps.SnapshotError as e:
+                raise KeyError(str(e)) from None
+            if new_home.exists() and any(new_home.iterdir()):
+                raise FileExistsError(f"{new_home} is not empty")
+            if new_home.exists():
+                new_home.rmdir()
+            snaps.clone(snap, new_home, rename_server=rename)
+
+        await asyncio.to_thread(clone)
+        target.workspace_name = target.name
+        self.log.info(
+            "Cloned %s's snapshot %s of server %r into server %r (%s)",
+            self.user.name,
+            snapshot_id,
+            self.name,
+            target.name,
+            new_home,
+        )
+        return {"cloned": snapshot_id, "server": target.name}

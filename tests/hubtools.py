@@ -70,7 +70,7 @@ class Hub:
             "c.Spawner.poll_interval = 1\n"
             "c.JupyterHub.last_activity_interval = 2\n"
             "c.GPUSimpleLocalSpawner.home_dir_template = "
-            f"{str(self.state_dir / 'homes' / '{username}')!r}\n" + overlay
+            f"{str(self.state_dir / 'homes' / '{username}' / '{servername}')!r}\n" + overlay
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.state_dir / "hub.log"
@@ -153,6 +153,10 @@ class Hub:
         self.client.close()
 
     # -- REST helpers --------------------------------------------------------------------------
+
+    def home(self, user: str, server: str = "") -> Path:
+        """The home directory of a local server (one per user and server)."""
+        return self.state_dir / "homes" / user / (server or "default")
 
     def api(self, method: str, path: str, **kw: Any) -> httpx.Response:
         return self.client.request(method, path, **kw)

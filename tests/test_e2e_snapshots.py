@@ -11,7 +11,7 @@ def test_each_stop_snapshots_the_home_and_a_snapshot_can_be_restored(make_hub):
     hub = make_hub()
     hub.create_user("alice")
     hub.create_user("eve")
-    home = hub.state_dir / "homes" / "alice"
+    home = hub.home("alice")
     snapshots_url = "/gpulab/users/alice/snapshots"
 
     hub.start_server("alice")

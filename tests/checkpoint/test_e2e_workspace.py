@@ -68,7 +68,7 @@ async def test_packages_installed_in_a_kernel_survive_a_server_restart(hub, tmp_
     out = await run_in_kernel(
         hub, "alice", "import gpulab_tinypkg as t\nprint(t.VALUE, t.__file__)"
     )
-    home = Path(hub.state_dir) / "homes" / "alice"
+    home = hub.home("alice")
     assert out.strip().splitlines()[-1].startswith(f"42 {home}/.local/")
     hub.stop_server("alice")
     # every stop left a snapshot of the home, with the package in it
