@@ -113,7 +113,7 @@ class GPUMonitor(Configurable):
     )
 
     simulated_latencies = Dict(
-        per_key_traits=Float(),
+        value_trait=Float(),
         config=True,
         help="""Seconds each simulated NVML call takes, by call: utilization (default 2.5e-6),
         memory (12e-6), processes (4.5e-3), temperature, power (0). Waits under 200 us spin;
