@@ -93,13 +93,19 @@ class _WorkspaceHandler(_GPULabAPIHandler):
 
 class WorkspaceSnapshotsAPIHandler(_WorkspaceHandler):
     """GET /hub/api/gpulab/users/{user}/[servers/{server}/]snapshots: newest first, with the
-    kernel checkpoints a start would offer."""
+    kernel checkpoints a start would offer; POST: take one now."""
 
     async def get(self, username: str, server: str = "") -> None:
         spawner = self._spawner_for(username, server)
         offer = getattr(spawner, "workspace_offer", None)
         kernels = ((await offer()) or {}).get("kernels", []) if offer else []
         self.write({"snapshots": await spawner.list_workspace_snapshots(), "kernels": kernels})
+
+    async def post(self, username: str, server: str = "") -> None:
+        """A snapshot now, label 'on-demand' (the server may be running)."""
+        spawner = self._spawner_for(username, server)
+        self.set_status(201)
+        self.write(await workspace_actions.take_snapshot(spawner))
 
 
 def _server_and_snapshot(rest: tuple[str, ...]) -> tuple[str, str]:

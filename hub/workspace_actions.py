@@ -42,6 +42,16 @@ async def restore(spawner: Any, snapshot_id: str) -> dict[str, Any]:
     return result
 
 
+async def take_snapshot(spawner: Any) -> dict[str, Any]:
+    label = f"{spawner.user.name}/{spawner.name}"
+    if not hasattr(spawner, "take_workspace_snapshot"):
+        raise web.HTTPError(400, f"{type(spawner).__name__} cannot take snapshots on demand")
+    snap: dict[str, Any] | None = await spawner.take_workspace_snapshot()
+    if snap is None:
+        raise web.HTTPError(409, f"{label} has no workspace yet: start it once first")
+    return snap
+
+
 async def clone(handler: Any, spawner: Any, snapshot_id: str, new_name: Any) -> dict[str, Any]:
     """A new named server of the same user whose home starts as `snapshot_id` of `spawner`."""
     user = spawner.user

@@ -32,6 +32,12 @@ _PAGE = """
       {% if s.active %}<span class="badge text-bg-success">running</span>
       {% else %}<span class="badge text-bg-secondary">stopped</span>{% endif %}
       <a class="ms-2" href="{{ base_url }}spawn/{{ owner }}{% if s.name %}/{{ s.name }}{% endif %}">start</a>
+      <form method="post" class="d-inline ms-2">
+        <input type="hidden" name="_xsrf" value="{{ xsrf_token }}">
+        <input type="hidden" name="action" value="snapshot">
+        <input type="hidden" name="server" value="{{ s.name }}">
+        <button class="btn btn-sm btn-outline-primary gpulab-snapshot-now" type="submit">Snapshot now</button>
+      </form>
     </div>
     <div class="card-body">
     {% for k in s.kernels %}
@@ -138,12 +144,15 @@ class WorkspacesPageHandler(BaseHandler):
             if action == "restore":
                 await workspace_actions.restore(spawner, snapshot_id)
                 query["done"] = f"Restored {label} to its snapshot of {snapshot_id}."
+            elif action == "snapshot":
+                await workspace_actions.take_snapshot(spawner)
+                query["done"] = f"Took a snapshot of {label}."
             elif action == "clone":
                 new_name = self.get_body_argument("name", "").strip()
                 await workspace_actions.clone(self, spawner, snapshot_id, new_name)
                 query["done"] = f"Cloned {label} into new server {new_name!r}: start it below."
             else:
-                raise web.HTTPError(400, f"Unknown action {action!r}: restore or clone")
+                raise web.HTTPError(400, f"Unknown action {action!r}: snapshot, restore or clone")
         except web.HTTPError as e:
             if e.status_code == 403:
                 raise

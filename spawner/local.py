@@ -149,9 +149,11 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         finally:
             self.workspace_auto_restore = False  # once, for this start
         self._start_watchdog()
+        self.start_snapshot_schedule()
         return url
 
     async def stop(self, now: bool = False) -> None:
+        self.stop_snapshot_schedule()
         try:
             await super().stop(now=now)
         finally:
@@ -169,6 +171,7 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             # crashed or exited by itself: JupyterHub will not call stop() for a server that is
             # already gone, so its share is released here
             self.watchdog.unwatch(self.allocation_id)
+            self.stop_snapshot_schedule()
             await self.gpulab_release()
             if not self._stop_pending:  # a stop takes its own snapshot once the process is gone
                 await self.snapshot_workspace(self.workspace_home_dir(), label="after-exit")
@@ -177,6 +180,8 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             if self.gpulab_placement is None:
                 self.restore_placement()
             self._start_watchdog()
+            if self._snapshot_schedule is None:
+                self.start_snapshot_schedule()
         return status
 
     def get_state(self) -> dict[str, Any]:

@@ -28,6 +28,17 @@ def server_dir_name(server_name: str) -> str:
     return server_name or "default"
 
 
+def _listing(snap: snaps.Snapshot) -> dict[str, object]:
+    return {
+        "id": snap.id,
+        "label": snap.label,
+        "created": snap.created,
+        "files": snap.files,
+        "bytes": snap.bytes,
+        "size": human_bytes(snap.bytes),
+    }
+
+
 class LocalWorkspaceMixin(Configurable):
     checkpoints = Bool(
         True,
@@ -51,6 +62,12 @@ class LocalWorkspaceMixin(Configurable):
         "snapshots",
         config=True,
         help="Where home snapshots are kept, one store per user and server (outside the homes).",
+    )
+    snapshot_interval_seconds = Integer(
+        3600,
+        config=True,
+        help="""Also snapshot a running server's home this often (label 'scheduled'); 0: only on
+        stop and on demand. Retention applies to every snapshot alike.""",
     )
     snapshot_keep_last = Integer(5, config=True, help="Snapshots kept per server: the newest N...")
     snapshot_keep_daily = Integer(
@@ -113,23 +130,58 @@ class LocalWorkspaceMixin(Configurable):
             )
             await asyncio.to_thread(prepare_home, home)
 
-    async def snapshot_workspace(self, home: Path, label: str = "on-stop") -> None:
+    async def snapshot_workspace(
+        self, home: Path, label: str = "on-stop", *, raise_errors: bool = False
+    ) -> dict[str, object] | None:
+        """Snapshot the home into the server's store and apply retention; the snapshot's listing
+        entry, or None when checkpoints are off or there is no home yet."""
         if not self.checkpoints:
-            return
+            return None
         store = self.snapshot_store()
 
-        def take() -> None:
+        def take() -> snaps.Snapshot | None:
             if not home.is_dir():
-                return
-            snaps.snapshot(home, store, label)
+                return None
+            snap = snaps.snapshot(home, store, label)
             snaps.apply_retention(
                 store, keep_last=self.snapshot_keep_last, keep_daily=self.snapshot_keep_daily
             )
+            return snap
 
         try:
-            await asyncio.to_thread(take)
+            snap = await asyncio.to_thread(take)
         except Exception:
+            if raise_errors:
+                raise
             self.log.exception("Snapshot of %s's home %s failed", self.user.name, home)
+            return None
+        return _listing(snap) if snap else None
+
+    async def take_workspace_snapshot(self, label: str = "on-demand") -> dict[str, object] | None:
+        """A snapshot now (hub API, workspaces page); the server may be running."""
+        return await self.snapshot_workspace(self.workspace_home_dir(), label, raise_errors=True)
+
+    # -- scheduled snapshots of running servers --------------------------------------------------
+
+    _snapshot_schedule: asyncio.Task[None] | None = None
+
+    def start_snapshot_schedule(self) -> None:
+        if not self.checkpoints or self.snapshot_interval_seconds <= 0:
+            return
+        self.stop_snapshot_schedule()
+        self._snapshot_schedule = asyncio.ensure_future(self._snapshot_every_interval())
+
+    def stop_snapshot_schedule(self) -> None:
+        if self._snapshot_schedule is not None:
+            self._snapshot_schedule.cancel()
+            self._snapshot_schedule = None
+
+    async def _snapshot_every_interval(self) -> None:
+        while True:
+            await asyncio.sleep(self.snapshot_interval_seconds)
+            # files are copied one at a time while the server runs: each file is consistent,
+            # the tree as a whole is as of the walk (the on-stop snapshot is the exact one)
+            await self.snapshot_workspace(self.workspace_home_dir(), label="scheduled")
 
     # -- restore and clone (hub API, picker) ---------------------------------------------------
 
@@ -169,17 +221,7 @@ class LocalWorkspaceMixin(Configurable):
 
     async def list_workspace_snapshots(self) -> list[dict[str, object]]:
         found = await asyncio.to_thread(snaps.list_snapshots, self.snapshot_store())
-        return [
-            {
-                "id": s.id,
-                "label": s.label,
-                "created": s.created,
-                "files": s.files,
-                "bytes": s.bytes,
-                "size": human_bytes(s.bytes),
-            }
-            for s in reversed(found)
-        ]
+        return [_listing(s) for s in reversed(found)]
 
     async def restore_workspace(self, snapshot_id: str) -> dict[str, object]:
         """Put the home back as it was in `snapshot_id` (the server must be stopped); the home as

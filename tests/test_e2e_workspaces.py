@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 
 import pytest
 
@@ -114,6 +115,29 @@ def test_the_picker_offers_kernel_variables_and_snapshots_and_the_choice_is_appl
     assert hub.allocations() == {}  # nothing allocated by the refused starts
 
 
+def test_running_servers_are_snapshotted_on_a_schedule_and_on_demand(make_hub):
+    hub = make_hub("c.GPUSimpleLocalSpawner.snapshot_interval_seconds = 1\n")
+    hub.create_user("alice")
+    assert hub.api("POST", "/gpulab/users/alice/snapshots").status_code == 409  # no home yet
+    hub.start_server("alice")
+    (hub.home("alice") / "running.txt").write_text("while it runs\n")
+    deadline = time.monotonic() + 60
+    labels: list[str] = []
+    while "scheduled" not in labels and time.monotonic() < deadline:
+        time.sleep(0.5)
+        labels = [
+            s["label"] for s in hub.api("GET", "/gpulab/users/alice/snapshots").json()["snapshots"]
+        ]
+    assert "scheduled" in labels
+    r = hub.api("POST", "/gpulab/users/alice/snapshots")
+    assert r.status_code == 201 and r.json()["label"] == "on-demand" and r.json()["files"] >= 1
+    hub.stop_server("alice")
+    labels = [
+        s["label"] for s in hub.api("GET", "/gpulab/users/alice/snapshots").json()["snapshots"]
+    ]
+    assert labels[0] == "on-stop" and "on-demand" in labels
+
+
 def test_the_workspaces_page_restores_and_clones(make_hub):
     hub = make_hub()
     hub.create_user("alice")
@@ -141,3 +165,7 @@ def test_the_workspaces_page_restores_and_clones(make_hub):
         "/hub/gpulab/workspaces?user=alice", data={**form, "action": "clone", "name": "copy"}
     )
     assert r.status_code == 409 and "already has a server named 'copy'" in html.unescape(r.text)
+
+    r = admin.post("/hub/gpulab/workspaces?user=alice", data={**form, "action": "snapshot"})
+    assert r.status_code == 200 and "Took a snapshot of default server" in r.text
+    assert "on-demand" in r.text
