@@ -35,6 +35,9 @@ def _float_arg(handler: web.RequestHandler, name: str, default: float | None) ->
 
 
 class MonitorHandler(APIHandler):
+    # watching GPU figures (or a metrics scrape) is not using the server: idle culling still applies
+    _track_activity = False
+
     @property
     def monitor(self) -> GPUMonitor:
         return self.settings["gpulab_monitor"]
@@ -121,8 +124,7 @@ class AlertsHandler(MonitorHandler):
 class MetricsHandler(MonitorHandler):
     @web.authenticated
     def get(self) -> None:
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(self.monitor.metrics_text())
+        self.finish(self.monitor.metrics_text(), set_content_type=CONTENT_TYPE_LATEST)
 
 
 class StatsHandler(MonitorHandler):
