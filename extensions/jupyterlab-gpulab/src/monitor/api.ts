@@ -68,6 +68,8 @@ export interface IRule {
 export interface IRulesReply {
   rules: IRule[];
   prometheus?: { [key: string]: unknown };
+  /** Why rules are unavailable or some were not loaded (e.g. a broken rules file). */
+  error?: string;
 }
 
 export interface IAlertEvent {

@@ -88,7 +88,7 @@ export class TimeChart extends Widget {
         { ...axis },
         {
           ...axis,
-          size: 48,
+          size: 60,
           values: (_u, ticks) => ticks.map(v => `${v}${this._opts.series[0]?.unit ?? ''}`)
         }
       ],

@@ -72,6 +72,11 @@ export class MonitorModel {
     return this._rules;
   }
 
+  /** The server's word on rules it could not load, or on rules being unavailable. */
+  get rulesError(): string {
+    return this._rulesError;
+  }
+
   get activeAlerts(): readonly IAlertEvent[] {
     return [...this._active.values()];
   }
@@ -133,7 +138,9 @@ export class MonitorModel {
 
   async refreshRules(): Promise<void> {
     try {
-      this._rules = (await this.api.rules()).rules;
+      const reply = await this.api.rules();
+      this._rules = reply.rules;
+      this._rulesError = reply.error ?? '';
       this._changed.emit('rules');
     } catch (error) {
       this._fail(error);
@@ -259,6 +266,7 @@ export class MonitorModel {
   private _info: IDevicesReply | null = null;
   private _samples: ISample[] = [];
   private _rules: IRule[] = [];
+  private _rulesError = '';
   private _active = new Map<string, IAlertEvent>();
   private _recent: IAlertEvent[] = [];
   private _connection: ConnectionState = 'closed';

@@ -14,6 +14,10 @@ export class RulesSection extends Widget {
 
     const heading = document.createElement('h3');
     heading.textContent = 'Alert rules';
+    this._notice = document.createElement('div');
+    this._notice.className = 'gpulab-message gpulab-message-error';
+    this._notice.dataset.testid = 'gpulab-rules-error';
+    this._notice.hidden = true;
     this._list = document.createElement('ul');
     this._list.className = 'gpulab-rule-list';
 
@@ -47,7 +51,7 @@ export class RulesSection extends Widget {
     const form = document.createElement('div');
     form.className = 'gpulab-rule-form';
     form.append(this._input, this._error, this._button);
-    this.node.append(heading, this._list, form);
+    this.node.append(heading, this._notice, this._list, form);
 
     _model.changed.connect((_, what) => {
       if (what === 'rules') {
@@ -105,6 +109,8 @@ export class RulesSection extends Widget {
   }
 
   private _render(): void {
+    this._notice.textContent = this._model.rulesError;
+    this._notice.hidden = !this._model.rulesError;
     this._list.replaceChildren();
     const rules = this._model.rules;
     if (!rules.length) {
@@ -146,6 +152,7 @@ export class RulesSection extends Widget {
     }
   }
 
+  private readonly _notice: HTMLDivElement;
   private readonly _list: HTMLUListElement;
   private readonly _input: HTMLTextAreaElement;
   private readonly _button: HTMLButtonElement;

@@ -1,0 +1,197 @@
+"""In a real browser: the GPU monitor panel of a spawned server, on simulated GPUs the test drives.
+
+The hub passes GPULAB_MONITOR_SOURCE=simulated and GPULAB_SIMULATED_GPU_FILE to the server; the
+server's simulated source re-reads that file on every sample, so writing it moves the figures the
+panel shows (utilisation, memory, processes) and the alerts the rules raise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser import browser_page, chromium_missing_reason
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+_missing = chromium_missing_reason()
+ARTIFACTS = Path(os.environ.get("GPULAB_TEST_ARTIFACTS", Path(__file__).parent / "artifacts"))
+
+
+def _rule_language_missing() -> str | None:
+    try:
+        from gpulab.hub import alerts  # noqa: F401  (what the server extension imports)
+    except ImportError as e:
+        return f"gpulab's rule language (gpulab.hub.alerts) is not importable: {e}"
+    return None
+
+
+MONITOR = "[data-testid=gpulab-monitor]"
+UTIL_CHART = f"{MONITOR} [data-testid=gpulab-util-chart]"
+STATUS = "[data-testid=gpulab-status]"
+
+
+def _write_figures(path: Path, **figures: Any) -> None:
+    """Every simulated device reports these figures from the next sample on (atomic write)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"*": figures}))
+    tmp.replace(path)
+
+
+def _extension_installed() -> str | None:
+    if importlib.util.find_spec("jupyterlab_gpulab") is None:
+        return "jupyterlab-gpulab is not installed in this venv (bash .ci/dev setup installs it)"
+    return None
+
+
+def _open_lab_with_monitor(make_hub, tmp_path: Path, page: Any) -> Path:
+    """Log in, start a 1/2-GPU server on simulated devices, open the panel from the palette."""
+    figures = tmp_path / "gpu-figures.json"
+    _write_figures(
+        figures,
+        utilization_pct=20,
+        memory_used_mib=10240,
+        processes=[
+            {"pid": 4242, "memory_mib": 10240, "own": True, "name": "python"},
+            {"pid": 777, "memory_mib": 2048, "own": False, "name": ""},
+        ],
+    )
+    env = {"GPULAB_MONITOR_SOURCE": "simulated", "GPULAB_SIMULATED_GPU_FILE": str(figures)}
+    hub = make_hub(
+        "c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n"
+        f"c.Spawner.environment.update({env!r})\n"
+    )
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", hub.admin_password())
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_url("**/hub/spawn**")
+    page.check("#profile-gpu-half")
+    page.click("form button[type=submit], form input[type=submit]")
+    page.wait_for_url("**/user/admin/lab**", timeout=90_000)
+    page.wait_for_selector(".jp-Launcher", timeout=60_000)
+
+    # the command palette, as a person would: Ctrl+Shift+C, type, Enter
+    page.keyboard.press("Control+Shift+C")
+    palette = page.locator(".lm-CommandPalette-input")
+    palette.wait_for(state="visible")
+    palette.fill("GPU Monitor")
+    page.locator(".lm-CommandPalette-item", has_text="GPU Monitor").first.click()
+    page.wait_for_selector(MONITOR, timeout=30_000)
+    return figures
+
+
+def _points(page: Any) -> int:
+    return int(page.locator(UTIL_CHART).first.get_attribute("data-points") or 0)
+
+
+@pytest.mark.skipif(_missing is not None, reason=_missing or "")
+@pytest.mark.skipif(_extension_installed() is not None, reason=_extension_installed() or "")
+def test_monitor_panel_shows_the_share_and_live_charts_of_the_simulated_gpu(make_hub, tmp_path):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with browser_page(tmp_path) as page:
+        figures = _open_lab_with_monitor(make_hub, tmp_path, page)
+        panel = page.locator(MONITOR)
+
+        assert (
+            panel.locator("[data-testid=gpulab-simulated-badge]").inner_text()
+            == "SIMULATED devices"
+        )
+        assert panel.locator("[data-testid=gpulab-share-fraction]").inner_text() == "1/2 GPU"
+        assert panel.locator("[data-testid=gpulab-share-profile]").inner_text() == "gpu-half"
+        assert panel.locator("[data-testid=gpulab-device]").count() == 1
+        # the chart is drawn by uPlot (a canvas), and grows with every sample from the websocket
+        assert panel.locator("[data-testid=gpulab-util-chart] canvas").count() >= 1
+        page.wait_for_selector(f"{MONITOR} [data-testid=gpulab-connection][data-state=open]")
+        before = _points(page)
+        page.wait_for_function(
+            "([sel, n]) => Number(document.querySelector(sel).dataset.points) >= n + 2",
+            arg=[UTIL_CHART, before],
+            timeout=30_000,
+        )
+
+        # the share's limit is half an 80 GB device; own processes are marked as such
+        page.wait_for_function(
+            "sel => /^GPU 20% · 10\\.0\\/40\\.0 GiB/.test(document.querySelector(sel).textContent)",
+            arg=STATUS,
+            timeout=30_000,
+        )
+        own = panel.locator("[data-testid=gpulab-process][data-own=true]")
+        assert own.count() == 1 and "python (yours)" in own.inner_text()
+        assert panel.locator("[data-testid=gpulab-process][data-own=false]").count() == 1
+
+        # drive the simulated device; the status bar item and the figures follow
+        _write_figures(figures, utilization_pct=73, memory_used_mib=12390)
+        page.wait_for_function(
+            "sel => document.querySelector(sel).textContent.startsWith('GPU 73% · 12.1/40.0 GiB')",
+            arg=STATUS,
+            timeout=30_000,
+        )
+        assert re.search(
+            r"utilisation 73%", panel.locator("[data-testid=gpulab-device-figures]").inner_text()
+        )
+        page.screenshot(path=str(ARTIFACTS / "gpu-monitor.png"))
+
+        # the status bar item brings the panel back once another tab hides it
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="Launcher").click()
+        page.locator(MONITOR).wait_for(state="hidden")
+        page.locator(STATUS).click()
+        page.locator(MONITOR).wait_for(state="visible")
+
+
+@pytest.mark.skipif(_missing is not None, reason=_missing or "")
+@pytest.mark.skipif(_extension_installed() is not None, reason=_extension_installed() or "")
+@pytest.mark.skipif(_rule_language_missing() is not None, reason=_rule_language_missing() or "")
+def test_user_adds_an_alert_rule_and_sees_it_fire_in_the_panel_and_as_a_notification(
+    make_hub, tmp_path
+):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with browser_page(tmp_path) as page:
+        figures = _open_lab_with_monitor(make_hub, tmp_path, page)
+        panel = page.locator(MONITOR)
+        rule_input = panel.locator("[data-testid=gpulab-rule-input]")
+        add = panel.locator("[data-testid=gpulab-rule-add]")
+        error = panel.locator("[data-testid=gpulab-rule-error]")
+
+        # a rule the server cannot parse: its message and position under the box
+        rule_input.fill('IF gpu_utilization >> 80% FOR 3s THEN alert("HIGH_LOAD")')
+        add.click()
+        error.wait_for(state="visible")
+        assert re.match(r"line 1, column \d+: ", error.inner_text()), error.inner_text()
+        assert error.get_attribute("data-line") == "1"
+        assert panel.locator("[data-testid=gpulab-rule]", has_text="HIGH_LOAD").count() == 0
+        page.screenshot(path=str(ARTIFACTS / "gpu-monitor-rule-error.png"))
+
+        rule_input.fill('IF gpu_utilization > 80% FOR 3s THEN alert("HIGH_LOAD")')
+        add.click()
+        panel.locator("[data-testid=gpulab-rule]", has_text="HIGH_LOAD").wait_for()
+        assert error.is_hidden()
+        assert rule_input.input_value() == ""
+        assert panel.locator("[data-testid=gpulab-alert]").count() == 0
+
+        _write_figures(figures, utilization_pct=95, memory_used_mib=8192)
+        alert = panel.locator("[data-testid=gpulab-alert][data-state=firing]", has_text="HIGH_LOAD")
+        alert.wait_for(timeout=60_000)
+        toast = page.locator(".Toastify__toast", has_text="HIGH_LOAD")
+        toast.first.wait_for(timeout=10_000)
+        assert page.locator(STATUS).get_attribute("class").count("gpulab-mod-alert") == 1
+        page.screenshot(path=str(ARTIFACTS / "gpu-monitor-alert.png"))
+
+        # load goes down: the alert resolves and leaves the active list
+        _write_figures(figures, utilization_pct=10, memory_used_mib=8192)
+        alert.wait_for(state="detached", timeout=60_000)
+        page.locator(
+            "[data-testid=gpulab-alert-event][data-state=resolved]", has_text="HIGH_LOAD"
+        ).first.wait_for()
+
+        # the user's rule can be deleted again
+        panel.locator("[data-testid=gpulab-rule]", has_text="HIGH_LOAD").locator(
+            "[data-testid=gpulab-rule-delete]"
+        ).click()
+        panel.locator("[data-testid=gpulab-rule]", has_text="HIGH_LOAD").wait_for(state="detached")
