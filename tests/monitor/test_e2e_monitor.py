@@ -71,6 +71,11 @@ async def next_message(
             return msg
 
 
+def set_figures(path: Path, figures: dict[str, Any]) -> None:
+    """Script the simulated GPUs (GPULAB_SIMULATED_GPU_FILE); the server re-reads it on change."""
+    path.write_text(json.dumps(figures))
+
+
 def wait_for(predicate: Any, timeout: float = 20) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -196,3 +201,67 @@ def test_watching_gpu_figures_does_not_count_as_server_activity(lab: LabServer) 
     for path in ("devices", "samples", "metrics", "alerts", "rules", "stats"):
         assert lab.get(path).status_code == 200
     assert lab.client.get("/api/status").json()["last_activity"] == before
+
+
+def test_rules_list_the_idle_default_and_its_prometheus_form(lab: LabServer) -> None:
+    body = lab.get("rules").json()
+    (idle,) = body["rules"]
+    assert idle["name"] == "IDLE_GPU" and idle["source"] == "default" and idle["id"]
+    assert idle["text"].startswith("IF gpu_utilization < 5% FOR 30m THEN alert(")
+    assert "IDLE_GPU" in json.dumps(body["prometheus"])
+    assert lab.request("DELETE", f"rules/{idle['id']}").status_code == 409
+
+
+def test_an_invalid_rule_is_refused_with_its_position_and_nothing_is_saved(lab: LabServer) -> None:
+    r = lab.request("POST", "rules", json={"text": 'IF gpu_utilization > 90 % THEN alrt("X")'})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["line"] == 1 and body["column"] > 1 and body["message"]
+    assert lab.request("POST", "rules", json={"rule": "IF"}).status_code == 400
+    assert [x["source"] for x in lab.get("rules").json()["rules"]] == ["default"]
+    assert not (lab.home / ".gpulab" / "alert-rules.txt").exists()
+
+
+async def test_a_rule_that_fires_reaches_the_websocket_alerts_and_metrics(
+    lab: LabServer, figures: Path
+) -> None:
+    ws = await connect(lab, "?rate_hz=1")
+    try:
+        await next_message(ws, "hello")
+        rule = 'IF gpu_utilization > 90% FOR 1s THEN alert("HOT_GPU", severity="critical")'
+        r = lab.request("POST", "rules", json={"text": rule})
+        assert r.status_code == 201, r.text
+        created = r.json()["rule"]
+        assert (created["name"], created["severity"], created["source"]) == (
+            "HOT_GPU",
+            "critical",
+            "user",
+        )
+        assert "HOT_GPU" in (lab.home / ".gpulab" / "alert-rules.txt").read_text()
+
+        set_figures(figures, {"*": {"utilization_pct": 50}, WHOLE: {"utilization_pct": 97}})
+        fired = (await next_message(ws, "alert"))["event"]
+        assert (fired["rule"], fired["state"], fired["device"]) == ("HOT_GPU", "firing", WHOLE)
+        assert fired["severity"] == "critical" and fired["since"] <= fired["t"]
+
+        alerts = lab.get("alerts").json()
+        assert [(a["rule"], a["device"]) for a in alerts["active"]] == [("HOT_GPU", WHOLE)]
+        assert any(e["state"] == "firing" for e in alerts["recent"])
+        metrics = lab.get("metrics").text
+        assert (
+            f'gpulab_alert_active{{alert="HOT_GPU",gpu="{WHOLE}",server="",severity="critical",user="ada"}} 1.0'
+            in metrics
+        )
+
+        set_figures(figures, {"*": {"utilization_pct": 20}})
+        resolved = (await next_message(ws, "alert"))["event"]
+        assert (resolved["state"], resolved["device"]) == ("resolved", WHOLE)
+        assert lab.get("alerts").json()["active"] == []
+        assert "gpulab_alert_active{" not in lab.get("metrics").text
+
+        assert lab.request("DELETE", f"rules/{created['id']}").status_code == 204
+        assert [x["name"] for x in lab.get("rules").json()["rules"]] == ["IDLE_GPU"]
+        assert "HOT_GPU" not in (lab.home / ".gpulab" / "alert-rules.txt").read_text()
+        assert lab.request("DELETE", f"rules/{created['id']}").status_code == 404
+    finally:
+        ws.close()

@@ -21,6 +21,7 @@ from .sampler import Sample
 
 log = logging.getLogger(__name__)
 
+FILE_HEADER = "# gpulab alert rules, one per line (the GPU panel edits this file)\n"
 EVENT_FIELDS = ("rule", "severity", "message", "device", "state", "since", "t")
 
 
@@ -137,7 +138,7 @@ class RuleBook:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".alert-rules.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:
-                f.write("".join(t.rstrip("\n") + "\n" for t in user))
+                f.write(FILE_HEADER + "".join(t.rstrip("\n") + "\n" for t in user))
             os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -156,8 +157,7 @@ class RuleBook:
     def add(self, text: str) -> RuleEntry:
         """Parse and keep a user rule; raises RuleRejected (and saves nothing) when invalid."""
         entry = self._add(self._parse(text), "user")
-        if entry.source == "user":
-            self._save()
+        self._save()
         return entry
 
     def delete(self, rid: str, t: float) -> list[dict[str, Any]]:
@@ -186,12 +186,12 @@ class RuleBook:
         events = []
         for uuid, d in sample.devices.items():
             observed = self.alerts.Sample(
-                sample.t,
-                d.utilization_pct,
-                d.memory_used_mib,
-                d.memory_limit_mib,
-                d.temperature_c,
-                d.power_w,
+                t=sample.t,
+                utilization_pct=d.utilization_pct,
+                memory_used_mib=d.memory_used_mib,
+                memory_limit_mib=d.memory_limit_mib,
+                temperature_c=d.temperature_c,
+                power_w=d.power_w,
             )
             for entry in self.entries.values():
                 for event in entry.engine.observe(uuid, observed):
