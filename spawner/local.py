@@ -174,6 +174,9 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             self.stop_snapshot_schedule()
             await self.gpulab_release()
             if not self._stop_pending:  # a stop takes its own snapshot once the process is gone
+                # lost rather than shut down (crash, OOM kill, reboot): the next start restores
+                # the kernels' last checkpoints without asking, as after a preemption
+                self.workspace_auto_restore = self.checkpoints and status != 0
                 await self.snapshot_workspace(self.workspace_home_dir(), label="after-exit")
         elif status is None and not self.watchdog.is_watching(self.allocation_id):
             # resumed after a hub restart: pick up the persisted placement and watch it again
@@ -192,6 +195,8 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             state["gpulab_profile"] = self.gpulab_profile.slug
         if self.workspace_name is not None:
             state["gpulab_workspace"] = self.workspace_name
+        if self.workspace_auto_restore:
+            state["gpulab_auto_restore"] = True
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -203,11 +208,12 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             self.gpulab_profile = self.gpu_capacity.profile(slug)
         if state.get("gpulab_workspace") is not None:
             self.workspace_name = state["gpulab_workspace"]
+        self.workspace_auto_restore = bool(state.get("gpulab_auto_restore"))
 
     def clear_state(self) -> None:
         super().clear_state()
         self.gpulab_profile = None
-        # workspace_name stays: the workspace outlives the server process
+        # workspace_name and workspace_auto_restore stay: the workspace outlives the process
 
     async def progress(self) -> Any:
         async for event in self.gpulab_progress():

@@ -4,8 +4,11 @@ offers the kernel checkpoint and the snapshots before a start."""
 
 from __future__ import annotations
 
+import asyncio
 import html
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -169,3 +172,24 @@ def test_the_workspaces_page_restores_and_clones(make_hub):
     r = admin.post("/hub/gpulab/workspaces?user=alice", data={**form, "action": "snapshot"})
     assert r.status_code == 200 and "Took a snapshot of default server" in r.text
     assert "on-demand" in r.text
+
+
+async def test_a_server_that_died_gets_its_kernel_variables_back_without_asking(make_hub):
+    hub = make_hub()
+    hub.create_user("alice")
+    hub.start_server("alice")
+    await run_in_kernel(hub, "alice", "state = list(range(5))")
+    os.kill(hub.server_pid("alice"), signal.SIGKILL)  # lost, not stopped
+    deadline = time.monotonic() + 60
+    while hub.server_model("alice") is not None and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    assert hub.server_model("alice") is None, "the hub did not notice the dead server"
+
+    hub.start_server("alice")
+    assert hub.server_env("alice")["GPULAB_AUTO_RESTORE"] == "1"
+    out = await run_in_kernel(hub, "alice", "print('state', state)")
+    assert "state [0, 1, 2, 3, 4]" in out
+    hub.stop_server("alice")
+    hub.start_server("alice")  # a normal stop: the next start offers, it does not restore alone
+    assert "GPULAB_AUTO_RESTORE" not in hub.server_env("alice")
+    hub.stop_server("alice")
