@@ -6,6 +6,8 @@ import asyncio
 import threading
 import time
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jupyterlab_gpulab.fanout import Fanout, Subscriber, clamp_rate
 from jupyterlab_gpulab.sampler import Sampler
 from jupyterlab_gpulab.share import Share
@@ -160,3 +162,29 @@ def test_the_process_list_wait_sleeps_and_costs_the_thread_no_cpu() -> None:
     t.join(30)
     assert result["wall"] >= 0.3
     assert result["cpu"] < 0.1 * result["wall"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    period=st.sampled_from([0.25, 0.5, 1.0, 2.0]),
+    requested=st.floats(min_value=0.001, max_value=1000, allow_nan=False),
+    jitter=st.lists(st.floats(min_value=-0.2, max_value=0.2), min_size=200, max_size=200),
+)
+def test_pushes_keep_to_the_clamped_rate_and_never_starve(
+    period: float, requested: float, jitter: list[float]
+) -> None:
+    """Whatever a client asks and however samples jitter (< 1/4 period), its pushes come once per
+    1/rate, give or take one sample: never faster than the sampler, never a gap of two intervals."""
+    pushed: list[float] = []
+    sub = Subscriber(lambda m: None, requested, period)
+    for i, j in enumerate(jitter):
+        t = 1000.0 + i * period + j * period
+        if sub.offer(t, ""):
+            pushed.append(t)
+    assert sub.rate_hz <= 1 / period
+    gaps = [b - a for a, b in zip(pushed, pushed[1:], strict=False)]
+    assert all(g > period / 2 for g in gaps), "at most one push per sample"
+    assert all(g <= sub.interval + 1.5 * period for g in gaps), "no starvation"
+    span = len(jitter) * period
+    if sub.interval < span / 4:
+        assert len(pushed) >= span / (sub.interval + 1.5 * period) - 1

@@ -244,7 +244,7 @@ class GPUMonitor(Configurable):
             "history_capacity": s.capacity,
             "sampler_cpu_seconds": s.cpu_seconds,
             "sampler_wall_seconds": s.wall_seconds,
-            "source_calls": dict(self.device_source.calls),
+            "source_calls": self.device_source.call_counts(),
             "clients": len(self.fanout),
         }
 

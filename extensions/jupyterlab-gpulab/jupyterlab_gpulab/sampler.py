@@ -29,12 +29,19 @@ class Sample:
     t: float  # unix seconds
     devices: dict[str, DeviceSample]
     json: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    text: str = field(repr=False, compare=False, default="")  # `json`, encoded
     message: str = field(repr=False, compare=False, default="")  # the websocket push, encoded
 
     @classmethod
     def build(cls, t: float, devices: dict[str, DeviceSample]) -> Sample:
         body = {"t": t, "devices": {uuid: d.to_json() for uuid, d in devices.items()}}
-        return cls(t, devices, body, json.dumps({"type": "sample", "sample": body}))
+        text = json.dumps(body)
+        return cls(t, devices, body, text, '{"type": "sample", "sample": ' + text + "}")
+
+
+def samples_json(samples: list[Sample]) -> str:
+    """{"samples": [...]} from the texts encoded in the sampler thread: no encoding on the loop."""
+    return '{"samples": [' + ", ".join(s.text for s in samples) + "]}"
 
 
 class Sampler:

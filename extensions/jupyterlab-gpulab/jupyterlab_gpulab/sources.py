@@ -79,7 +79,16 @@ class Source:
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        self._calls_lock = threading.Lock()  # counted in the sampler thread, read on the loop
         self.message = ""
+
+    def count(self, name: str) -> None:
+        with self._calls_lock:
+            self.calls[name] += 1
+
+    def call_counts(self) -> dict[str, int]:
+        with self._calls_lock:
+            return dict(self.calls)
 
     def devices(self) -> list[DeviceInfo]:
         raise NotImplementedError
@@ -136,7 +145,7 @@ class NvmlSource(Source):
         self.nvml = pynvml
         self.share = share
         pynvml.nvmlInit()  # raises pynvml.NVMLError without a driver
-        self.calls["nvmlInit"] += 1
+        self.count("nvmlInit")
         try:
             self._handles = self._resolve(share, os.environ if env is None else env)
         except Exception:
@@ -153,7 +162,7 @@ class NvmlSource(Source):
         self._server_pid = os.getpid()
 
     def _call(self, name: str, *args: Any) -> Any:
-        self.calls[name] += 1
+        self.count(name)
         return getattr(self.nvml, name)(*args)
 
     def _all_handles(self) -> dict[str, tuple[Any, int, bool]]:
@@ -429,7 +438,7 @@ class SimulatedSource(Source):
         return list(self._devices)
 
     def _nvml_call(self, name: str, seconds: float) -> None:
-        self.calls[name] += 1
+        self.count(name)
         spend(seconds)
 
     def sample(self) -> dict[str, DeviceSample]:
