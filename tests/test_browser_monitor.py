@@ -50,8 +50,8 @@ def _extension_installed() -> str | None:
     return None
 
 
-def _open_lab_with_monitor(make_hub, tmp_path: Path, page: Any) -> Path:
-    """Log in, start a 1/2-GPU server on simulated devices, open the panel from the palette."""
+def _spawn_lab(make_hub, tmp_path: Path, page: Any) -> Path:
+    """Log in and start a 1/2-GPU server on simulated devices; returns their figures file."""
     figures = tmp_path / "gpu-figures.json"
     _write_figures(
         figures,
@@ -76,7 +76,10 @@ def _open_lab_with_monitor(make_hub, tmp_path: Path, page: Any) -> Path:
     page.click("form button[type=submit], form input[type=submit]")
     page.wait_for_url("**/user/admin/lab**", timeout=90_000)
     page.wait_for_selector(".jp-Launcher", timeout=60_000)
+    return figures
 
+
+def _open_monitor_from_palette(page: Any) -> None:
     # the command palette, as a person would: Ctrl+Shift+C, type, Enter
     page.keyboard.press("Control+Shift+C")
     palette = page.locator(".lm-CommandPalette-input")
@@ -84,7 +87,6 @@ def _open_lab_with_monitor(make_hub, tmp_path: Path, page: Any) -> Path:
     palette.fill("GPU Monitor")
     page.locator(".lm-CommandPalette-item", has_text="GPU Monitor").first.click()
     page.wait_for_selector(MONITOR, timeout=30_000)
-    return figures
 
 
 def _points(page: Any) -> int:
@@ -96,7 +98,13 @@ def _points(page: Any) -> int:
 def test_monitor_panel_shows_the_share_and_live_charts_of_the_simulated_gpu(make_hub, tmp_path):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with browser_page(tmp_path) as page:
-        figures = _open_lab_with_monitor(make_hub, tmp_path, page)
+        figures = _spawn_lab(make_hub, tmp_path, page)
+        # the launcher and the GPU menu offer the panel; the palette opens it
+        assert page.locator(".jp-LauncherCard", has_text="GPU Monitor").count() == 1
+        page.locator(".lm-MenuBar-itemLabel", has_text="GPU").click()
+        assert page.locator(".lm-Menu-itemLabel", has_text="GPU Monitor").is_visible()
+        page.keyboard.press("Escape")
+        _open_monitor_from_palette(page)
         panel = page.locator(MONITOR)
 
         assert (
@@ -144,6 +152,19 @@ def test_monitor_panel_shows_the_share_and_live_charts_of_the_simulated_gpu(make
         page.locator(STATUS).click()
         page.locator(MONITOR).wait_for(state="visible")
 
+        # JupyterLab's dark theme: the panel follows the theme's colours
+        light_bg = panel.evaluate("el => getComputedStyle(el).backgroundColor")
+        page.locator(".lm-MenuBar-itemLabel", has_text="Settings").click()
+        page.locator(".lm-Menu-itemLabel", has_text="Theme").first.hover()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^JupyterLab Dark$")).click()
+        page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'")
+        page.wait_for_function(
+            "([sel, bg]) => getComputedStyle(document.querySelector(sel)).backgroundColor !== bg",
+            arg=[MONITOR, light_bg],
+        )
+        page.wait_for_selector("#jupyterlab-splash", state="detached")
+        page.screenshot(path=str(ARTIFACTS / "gpu-monitor-dark.png"))
+
 
 @pytest.mark.skipif(_missing is not None, reason=_missing or "")
 @pytest.mark.skipif(_extension_installed() is not None, reason=_extension_installed() or "")
@@ -153,7 +174,8 @@ def test_user_adds_an_alert_rule_and_sees_it_fire_in_the_panel_and_as_a_notifica
 ):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with browser_page(tmp_path) as page:
-        figures = _open_lab_with_monitor(make_hub, tmp_path, page)
+        figures = _spawn_lab(make_hub, tmp_path, page)
+        _open_monitor_from_palette(page)
         panel = page.locator(MONITOR)
         rule_input = panel.locator("[data-testid=gpulab-rule-input]")
         add = panel.locator("[data-testid=gpulab-rule-add]")

@@ -59,7 +59,7 @@ function alertItem(event: IAlertEvent, testId: string): HTMLLIElement {
   badge.textContent = event.state === 'firing' ? event.severity : 'resolved';
   const text = document.createElement('span');
   text.className = 'gpulab-alert-text';
-  text.textContent = `${event.rule}: ${event.message}`;
+  text.textContent = withRule(event);
   const when = document.createElement('span');
   when.className = 'gpulab-alert-time';
   when.textContent =
@@ -71,6 +71,11 @@ function alertItem(event: IAlertEvent, testId: string): HTMLLIElement {
   return item;
 }
 
+/** "HIGH_LOAD: gpu_utilization > 80% FOR 3s", naming the rule once. */
+function withRule(event: IAlertEvent): string {
+  return event.message.startsWith(event.rule) ? event.message : `${event.rule}: ${event.message}`;
+}
+
 function emptyItem(text: string): HTMLLIElement {
   const item = document.createElement('li');
   item.className = 'gpulab-empty';
@@ -80,7 +85,7 @@ function emptyItem(text: string): HTMLLIElement {
 
 /** A notification for a live transition: error for critical rules, warning otherwise. */
 export function notifyAlert(event: IAlertEvent, openPanel: () => void): void {
-  const message = `GPU alert ${event.rule}: ${event.message}`;
+  const message = `GPU alert ${withRule(event)}`;
   const critical = ['critical', 'error'].includes(event.severity);
   const options = {
     // a critical alert stays until dismissed; the others fade

@@ -168,7 +168,8 @@ export class MonitorAPI {
   /** The websocket's URL, with the token appended where JupyterLab's services append it. */
   streamUrl(rateHz: number): string {
     const s = this.settings;
-    let url = URLExt.join(s.wsUrl, NAMESPACE, 'ws') + '?rate_hz=' + encodeURIComponent(String(rateHz));
+    let url =
+      URLExt.join(s.wsUrl, NAMESPACE, 'ws') + '?rate_hz=' + encodeURIComponent(String(rateHz));
     if (s.appendToken && s.token) {
       url += '&token=' + encodeURIComponent(s.token);
     }

@@ -37,6 +37,9 @@ export class TimeChart extends Widget {
     this._plotHost.className = 'gpulab-chart-plot';
     this.node.append(title, this._plotHost);
     this._resize = new ResizeObserver(() => this._fit());
+    // colours are read from the theme's CSS variables when the plot is made: remake it when the
+    // theme changes (JupyterLab marks the body with data-jp-theme-name)
+    this._theme = new MutationObserver(() => this._recreate());
     this._data = [[], ..._opts.series.map(() => [])] as uPlot.AlignedData;
   }
 
@@ -50,24 +53,45 @@ export class TimeChart extends Widget {
   protected onAfterAttach(): void {
     this._create();
     this._resize.observe(this.node);
+    this._theme.observe(document.body, {
+      attributes: true,
+      attributeFilter: ['data-jp-theme-name', 'data-jp-theme-light']
+    });
   }
 
   protected onBeforeDetach(): void {
+    this._stop();
+  }
+
+  dispose(): void {
+    this._stop();
+    super.dispose();
+  }
+
+  private _stop(): void {
     this._resize.disconnect();
+    this._theme.disconnect();
     this._plot?.destroy();
     this._plot = null;
   }
 
-  dispose(): void {
-    this._resize.disconnect();
-    this._plot?.destroy();
-    this._plot = null;
-    super.dispose();
+  private _recreate(): void {
+    if (this._plot) {
+      this._plot.destroy();
+      this._plot = null;
+      // the theme's stylesheet may still be loading; read the colours once it applies
+      window.requestAnimationFrame(() => {
+        if (this.isAttached && !this._plot) {
+          this._create();
+        }
+      });
+    }
   }
 
   private _create(): void {
     const css = getComputedStyle(this.node);
-    const color = (c: string) => (c.startsWith('--') ? css.getPropertyValue(c).trim() || '#888' : c);
+    const color = (c: string) =>
+      c.startsWith('--') ? css.getPropertyValue(c).trim() || '#888' : c;
     const axisColor = color('--jp-ui-font-color2');
     const gridColor = color('--jp-border-color2');
     const axis: uPlot.Axis = {
@@ -127,4 +151,5 @@ export class TimeChart extends Widget {
   private _data: uPlot.AlignedData;
   private readonly _plotHost: HTMLDivElement;
   private readonly _resize: ResizeObserver;
+  private readonly _theme: MutationObserver;
 }

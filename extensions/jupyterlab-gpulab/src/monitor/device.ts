@@ -103,7 +103,9 @@ export class DeviceView extends Panel {
       head.append(th);
     }
     const body = table.createTBody();
-    const rows = [...d.processes].sort((a, b) => Number(b.own) - Number(a.own) || b.memory_mib - a.memory_mib);
+    const rows = [...d.processes].sort(
+      (a, b) => Number(b.own) - Number(a.own) || b.memory_mib - a.memory_mib
+    );
     for (const p of rows) {
       const row = body.insertRow();
       row.className = p.own ? 'gpulab-process gpulab-own' : 'gpulab-process';

@@ -64,7 +64,9 @@ export class GpuMonitorPanel extends Panel {
     title.textContent = 'Your GPU share';
     heading.append(title);
     if (info?.simulated) {
-      heading.append(badge('SIMULATED devices', 'gpulab-simulated-badge', 'gpulab-badge gpulab-badge-simulated'));
+      heading.append(
+        badge('SIMULATED devices', 'gpulab-simulated-badge', 'gpulab-badge gpulab-badge-simulated')
+      );
     }
     heading.append(this._connectionBadge());
     node.append(heading);
@@ -91,7 +93,9 @@ export class GpuMonitorPanel extends Panel {
       node.append(badge(message, 'gpulab-source-message', 'gpulab-message'));
     }
     if (this._model.error) {
-      node.append(badge(this._model.error, 'gpulab-monitor-error', 'gpulab-message gpulab-message-error'));
+      node.append(
+        badge(this._model.error, 'gpulab-monitor-error', 'gpulab-message gpulab-message-error')
+      );
     }
   }
 
@@ -112,7 +116,8 @@ export class GpuMonitorPanel extends Panel {
   private _renderDevices(): void {
     const devices = this._model.info?.devices ?? [];
     const same =
-      devices.length === this._views.length && devices.every((d, i) => this._views[i].device.uuid === d.uuid);
+      devices.length === this._views.length &&
+      devices.every((d, i) => this._views[i].device.uuid === d.uuid);
     if (same) {
       return;
     }

@@ -1,9 +1,5 @@
 /** The GPU monitor's plugins: the panel (command, palette, launcher, GPU menu) and the status bar item. */
-import {
-  ILayoutRestorer,
-  JupyterFrontEnd,
-  JupyterFrontEndPlugin
-} from '@jupyterlab/application';
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, WidgetTracker } from '@jupyterlab/apputils';
 import { ILauncher } from '@jupyterlab/launcher';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
@@ -18,7 +14,8 @@ import { CommandIDs, IGpuMonitor } from './token';
 /** Its settings are schema/plugin.json, which also declares the "GPU" main menu. */
 export const monitorPlugin: JupyterFrontEndPlugin<IGpuMonitor> = {
   id: 'jupyterlab-gpulab:plugin',
-  description: 'GPU monitor panel: your share, live utilisation and memory, processes, alert rules.',
+  description:
+    'GPU monitor panel: your share, live utilisation and memory, processes, alert rules.',
   autoStart: true,
   provides: IGpuMonitor,
   optional: [ICommandPalette, ILauncher, ILayoutRestorer, ISettingRegistry],
@@ -78,7 +75,9 @@ export const monitorPlugin: JupyterFrontEndPlugin<IGpuMonitor> = {
             applySettings(settings);
             settings.changed.connect(applySettings);
           })
-          .catch(reason => console.warn('gpulab: GPU monitor settings not loaded, using defaults', reason))
+          .catch(reason =>
+            console.warn('gpulab: GPU monitor settings not loaded, using defaults', reason)
+          )
       : Promise.resolve();
 
     void Promise.all([app.restored, settingsLoaded]).then(() => model.start());

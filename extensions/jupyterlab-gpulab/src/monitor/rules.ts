@@ -74,7 +74,9 @@ export class RulesSection extends Widget {
       this._showError(null);
     } catch (error) {
       this._showError(
-        error instanceof RuleError ? error : new RuleError(String((error as Error).message ?? error), null, null),
+        error instanceof RuleError
+          ? error
+          : new RuleError(String((error as Error).message ?? error), null, null),
         text
       );
     } finally {
@@ -91,7 +93,9 @@ export class RulesSection extends Widget {
       return;
     }
     const where =
-      error.line !== null ? `line ${error.line}${error.column !== null ? `, column ${error.column}` : ''}: ` : '';
+      error.line !== null
+        ? `line ${error.line}${error.column !== null ? `, column ${error.column}` : ''}: `
+        : '';
     const message = document.createElement('div');
     message.className = 'gpulab-rule-error-message';
     message.textContent = where + error.message;
@@ -102,7 +106,8 @@ export class RulesSection extends Widget {
     if (line !== undefined) {
       const pre = document.createElement('pre');
       pre.className = 'gpulab-rule-error-context';
-      const caret = error.column !== null ? '\n' + ' '.repeat(Math.max(0, error.column - 1)) + '^' : '';
+      const caret =
+        error.column !== null ? '\n' + ' '.repeat(Math.max(0, error.column - 1)) + '^' : '';
       pre.textContent = line + caret;
       this._error.append(pre);
     }
@@ -143,7 +148,13 @@ export class RulesSection extends Widget {
             await this._model.deleteRule(rule.id);
           } catch (error) {
             remove.disabled = false;
-            this._showError(new RuleError(`could not delete ${rule.name}: ${(error as Error).message}`, null, null));
+            this._showError(
+              new RuleError(
+                `could not delete ${rule.name}: ${(error as Error).message}`,
+                null,
+                null
+              )
+            );
           }
         });
         item.append(remove);
