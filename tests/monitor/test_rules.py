@@ -27,11 +27,11 @@ def test_a_user_rule_is_kept_in_the_home_and_read_back(tmp_path: Path) -> None:
     assert entry.source == "user" and entry.rule.name == "HOT_GPU"
     assert entry.rule.to_text() in path.read_text()
     again = RuleBook(path, [IDLE])
-    assert [(r["id"], r["source"], r["name"]) for r in again.list()] == [
-        (r["id"], r["source"], r["name"]) for r in book.list()
+    assert [(r["id"], r["source"], r["name"]) for r in again.to_json()] == [
+        (r["id"], r["source"], r["name"]) for r in book.to_json()
     ]
-    assert {r["source"] for r in again.list()} == {"default", "user"}
-    assert again.list()[1]["severity"] == "critical"
+    assert {r["source"] for r in again.to_json()} == {"default", "user"}
+    assert again.to_json()[1]["severity"] == "critical"
 
 
 def test_an_invalid_rule_is_refused_with_its_position_and_nothing_is_saved(tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_an_invalid_rule_is_refused_with_its_position_and_nothing_is_saved(tmp_p
     assert e.value.line == 1 and e.value.column == 4
     assert "gpu_utilisation" in e.value.message
     assert not path.exists()
-    assert [r["source"] for r in book.list()] == ["default"]
+    assert [r["source"] for r in book.to_json()] == ["default"]
 
 
 def test_deleting_a_firing_rule_resolves_its_alert_and_forgets_it(tmp_path: Path) -> None:
@@ -60,9 +60,9 @@ def test_deleting_a_firing_rule_resolves_its_alert_and_forgets_it(tmp_path: Path
     assert [a["rule"] for a in book.active()] == ["HOT_GPU"]
     (resolved,) = book.delete(entry.id, 103.0)
     assert resolved["state"] == "resolved" and resolved["since"] == 102
-    assert book.active() == [] and book.list() == []
+    assert book.active() == [] and book.to_json() == []
     assert "HOT_GPU" not in path.read_text()
-    assert RuleBook(path, []).list() == []
+    assert RuleBook(path, []).to_json() == []
 
 
 def test_an_alert_resolves_when_its_condition_stops_holding(tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_adding_a_rule_does_not_restart_another_rules_timer(tmp_path: Path) -> N
 
 def test_default_rules_cannot_be_deleted_and_unknown_ids_are_not_found(tmp_path: Path) -> None:
     book = RuleBook(tmp_path / "r.txt", [IDLE])
-    (default,) = book.list()
+    (default,) = book.to_json()
     with pytest.raises(PermissionError):
         book.delete(default["id"], 0)
     with pytest.raises(KeyError):
@@ -98,7 +98,7 @@ def test_a_broken_rules_file_is_reported_and_the_defaults_still_apply(tmp_path: 
     path.write_text('IF gpu_utilization > 90% THEN alert("OK")\nIF nonsense\n')
     book = RuleBook(path, [IDLE])
     assert "line 2" in book.error and str(path) in book.error
-    assert [r["name"] for r in book.list()] == ["IDLE_GPU"]
+    assert [r["name"] for r in book.to_json()] == ["IDLE_GPU"]
 
 
 def test_rules_export_to_prometheus(tmp_path: Path) -> None:

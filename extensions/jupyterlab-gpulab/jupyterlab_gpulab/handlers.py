@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any
+from typing import Any, cast
 
 from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
@@ -41,7 +41,7 @@ class MonitorHandler(APIHandler):
 
     @property
     def monitor(self) -> GPUMonitor:
-        return self.settings["gpulab_monitor"]
+        return cast(GPUMonitor, self.settings["gpulab_monitor"])
 
     def write_json(self, body: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -66,7 +66,7 @@ class RulesHandler(MonitorHandler):
     @web.authenticated
     def get(self) -> None:
         rules = self.monitor.rules
-        body: dict[str, Any] = {"rules": rules.list(), "prometheus": rules.prometheus()}
+        body: dict[str, Any] = {"rules": rules.to_json(), "prometheus": rules.prometheus()}
         if rules.error:
             body["error"] = rules.error
         self.write_json(body)
@@ -161,7 +161,7 @@ class MonitorWebSocket(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
     @property
     def monitor(self) -> GPUMonitor:
-        return self.settings["gpulab_monitor"]
+        return cast(GPUMonitor, self.settings["gpulab_monitor"])
 
     @ws_authenticated
     async def get(self, *args: Any, **kwargs: Any) -> None:

@@ -146,13 +146,16 @@ class RuleBook:
 
     # -- the API -------------------------------------------------------------------------------
 
-    def list(self) -> list[dict[str, Any]]:
+    def to_json(self) -> list[dict[str, Any]]:
         return [e.to_json() for e in self.entries.values()]
 
     def prometheus(self) -> dict[str, Any]:
         if self.alerts is None:
             return {}
-        return self.alerts.to_prometheus_rules([e.rule for e in self.entries.values()])
+        exported: dict[str, Any] = self.alerts.to_prometheus_rules(
+            [e.rule for e in self.entries.values()]
+        )
+        return exported
 
     def add(self, text: str) -> RuleEntry:
         """Parse and keep a user rule; raises RuleRejected (and saves nothing) when invalid."""
