@@ -354,6 +354,50 @@ class DevCluster:
             deadline,
             self._default_service_account_ready,
         )
+        self._install_snapshot_api(deadline)
+
+    def _install_snapshot_api(self, deadline: float) -> None:
+        """The snapshot.storage.k8s.io/v1 CRDs and the gpulab-local VolumeSnapshotClass (the node
+        agent is their snapshotter and driver)."""
+        from .agent import snapshots
+
+        for crd in snapshots.crds():
+            try:
+                self.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+            except urllib.error.HTTPError as e:
+                if e.code != 409:
+                    detail = e.read().decode(errors="replace")
+                    raise DevClusterError(
+                        f"installing CRD {crd['metadata']['name']}: {detail}"
+                    ) from e
+
+        def established() -> bool:
+            for crd in snapshots.crds():
+                name = crd["metadata"]["name"]
+                try:
+                    got = self.api(
+                        "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+                    )
+                except (OSError, urllib.error.URLError):
+                    return False
+                conds = (got.get("status") or {}).get("conditions") or []
+                if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                    return False
+            return True
+
+        self._wait("VolumeSnapshot CRDs established", deadline, established)
+        path = f"/apis/{snapshots.API_VERSION}/volumesnapshotclasses"
+
+        def class_created() -> bool:
+            try:
+                self.api("POST", path, snapshots.snapshot_class())
+            except urllib.error.HTTPError as e:
+                return e.code == 409
+            except (OSError, urllib.error.URLError):
+                return False
+            return True
+
+        self._wait("VolumeSnapshotClass gpulab-local", deadline, class_created)
 
     def _start_agent(self, state: dict[str, Any], nodes: list[NodeSpec], deadline: float) -> None:
         agent_dir = self.state_dir / "agent"

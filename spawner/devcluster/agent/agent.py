@@ -1,4 +1,5 @@
-"""The node agent: simulated nodes (heartbeats + pods), the volume provisioner, a control API.
+"""The node agent: simulated nodes (heartbeats + pods), the volume provisioner and snapshotter,
+a control API.
 
 Control API (loopback HTTP, port in STATE/control.json):
     GET  /nodes               {node: {"running": bool, "ip": ..., "pods": [...]}}
@@ -28,6 +29,7 @@ from .kube import Events, api_client, log
 from .nodes import NodeHeartbeat
 from .pods import IPPool, NodeContext, PodManager
 from .runtime import HostPaths
+from .snapshots import SnapshotController
 from .volumes import Provisioner
 
 
@@ -111,13 +113,17 @@ class Agent:
         return env
 
     async def run(self) -> None:
-        # one pod watch per node and two for the provisioner stay open; heartbeats need a few more
+        # one pod watch per node and four for the provisioner and snapshotter stay open; heartbeats need a few more
         self.api = await api_client(self.kubeconfig, connections=2 * len(self.specs) + 40)
         self.base_env = self._base_env()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for i, spec in enumerate(self.specs):
             self.nodes[spec.name] = SimulatedNode(self, spec, i)
-        provisioner = asyncio.create_task(Provisioner(self.api, self.state_dir / "volumes").run())
+        volumes, snapshot_store = self.state_dir / "volumes", self.state_dir / "snapshots"
+        provisioner = asyncio.gather(
+            Provisioner(self.api, volumes, snapshot_store).run(),
+            SnapshotController(self.api, volumes, snapshot_store).run(),
+        )
         for node in self.nodes.values():
             node.start()
         server = await asyncio.start_server(self._control, "127.0.0.1", 0)
