@@ -185,12 +185,27 @@ def test_metrics_are_prometheus_text_with_the_fixed_names(lab: LabServer) -> Non
     assert 'gpulab_monitor_simulated{gpu="",server="",user="ada"} 1.0' in text
 
 
-def test_stopping_the_server_leaves_no_process(tmp_path: Path) -> None:
-    server = LabServer(tmp_path / "lab2", env={"GPULAB_MONITOR_SOURCE": "simulated"})
+async def test_panels_beyond_max_clients_are_refused_and_stopping_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    server = LabServer(
+        tmp_path / "lab2",
+        env={"GPULAB_MONITOR_SOURCE": "simulated"},
+        config="c.GPUMonitor.max_clients = 1\n",
+    )
     server.start()
-    assert server.get("devices").json()["devices"], "one simulated GPU by default"
-    assert pids_with_marker(server.marker)
-    server.stop()
+    try:
+        assert server.get("devices").json()["devices"], "one simulated GPU by default"
+        assert server.get("lag").status_code == 404, "loop-lag measurement is opt-in"
+        first = await connect(server)
+        await next_message(first, "hello")
+        with pytest.raises(HTTPClientError) as e:
+            await connect(server)
+        assert e.value.code == 503
+        first.close()
+        assert pids_with_marker(server.marker)
+    finally:
+        server.stop()
     assert server.proc is not None and server.proc.returncode is not None
     assert pids_with_marker(server.marker) == []
 
