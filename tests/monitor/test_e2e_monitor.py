@@ -94,6 +94,16 @@ async def test_every_endpoint_refuses_requests_without_a_token(lab: LabServer) -
     with pytest.raises(HTTPClientError) as e:
         await websocket_connect(HTTPRequest(f"{lab.ws_url}/gpulab/monitor/ws", connect_timeout=20))
     assert e.value.code == 403
+    # the token in the query, as JupyterLab's ServerConnection sends it when it appends tokens
+    ws = await websocket_connect(
+        HTTPRequest(
+            f"{lab.ws_url}/gpulab/monitor/ws?rate_hz=1&token={lab.token}", connect_timeout=20
+        )
+    )
+    try:
+        assert (await next_message(ws, "hello"))["rate_hz"] == 1
+    finally:
+        ws.close()
 
 
 def test_devices_describe_the_share_and_say_the_figures_are_simulated(lab: LabServer) -> None:
