@@ -3,7 +3,8 @@
 Started by `gpulab run` from a state directory (the hub's working directory: its database,
 cookie secret, allocations and users' homes live there). Environment knobs, all optional:
 GPULAB_IP / GPULAB_PORT (127.0.0.1:8000), GPULAB_DECLARED_INVENTORY (used when no NVIDIA driver
-answers; default '8 x A100-SXM4-80GB'), GPULAB_CULL_IDLE_SECONDS (3600; 0: no culling), GPULAB_CONFIG (an extra config file loaded last, for an
+answers; default '8 x A100-SXM4-80GB'), GPULAB_CULL_IDLE_SECONDS (3600; 0: no culling),
+GPULAB_METRICS_SERVICE (1; 0: no gpulab-metrics service), GPULAB_CONFIG (an extra config file loaded last, for an
 admin's own profiles, quotas and settings).
 """
 
@@ -46,8 +47,10 @@ c.Spawner.poll_interval = 10
 # Idle servers give their GPUs back: JupyterHub's idle culler stops servers without activity
 # (GPULAB_CULL_IDLE_SECONDS, default one hour; 0 turns culling off).
 cull_idle_seconds = int(os.environ.get("GPULAB_CULL_IDLE_SECONDS", "3600"))
+c.JupyterHub.services = []
+c.JupyterHub.load_roles = []
 if cull_idle_seconds > 0:
-    c.JupyterHub.services = [
+    c.JupyterHub.services.append(
         {
             "name": "idle-culler",
             "command": [
@@ -58,14 +61,56 @@ if cull_idle_seconds > 0:
                 f"--cull-every={max(1, min(300, cull_idle_seconds // 2))}",
             ],
         }
-    ]
-    c.JupyterHub.load_roles = [
+    )
+    c.JupyterHub.load_roles.append(
         {
             "name": "idle-culler",
             "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
             "services": ["idle-culler"],
         }
-    ]
+    )
+
+
+# GPU figures of every server in one place (gpulab.hub.metrics_service): the service lists the
+# running servers, reads each one's GPU monitor through the proxy every 15 s, evaluates the admin's
+# alert rules (IDLE_GPU by default) and serves /services/gpulab-metrics/{metrics,api/servers,
+# api/alerts} to admins. GPULAB_METRICS_SERVICE=0 turns it off; GPULAB_METRICS_SERVICE_URL (or
+# _PORT) is where it listens (default: a free loopback port, so several hubs share a machine);
+# GPULAB_METRICS_CONFIG names a config file for it (c.MetricsService.rules and friends).
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if os.environ.get("GPULAB_METRICS_SERVICE", "1").strip().lower() not in ("0", "false", "no", "off"):
+    _host = c.JupyterHub.ip if c.JupyterHub.ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    _host = f"[{_host}]" if ":" in _host else _host
+    _metrics_url = os.environ.get("GPULAB_METRICS_SERVICE_URL") or (
+        f"http://127.0.0.1:{int(os.environ.get('GPULAB_METRICS_SERVICE_PORT') or _free_loopback_port())}"
+    )
+    _metrics_env = {"GPULAB_PROXY_PUBLIC_URL": f"http://{_host}:{c.JupyterHub.port}"}
+    if os.environ.get("GPULAB_METRICS_CONFIG"):
+        _metrics_env["GPULAB_METRICS_CONFIG"] = os.environ["GPULAB_METRICS_CONFIG"]
+    c.JupyterHub.services.append(
+        {
+            "name": "gpulab-metrics",
+            "url": _metrics_url,
+            "command": [sys.executable, "-m", "gpulab.hub.metrics_service"],
+            "environment": _metrics_env,
+            "oauth_no_confirm": True,
+            "display": False,
+        }
+    )
+    c.JupyterHub.load_roles.append(
+        {
+            "name": "gpulab-metrics",
+            "scopes": ["list:users", "read:users", "read:servers", "access:servers"],
+            "services": ["gpulab-metrics"],
+        }
+    )
 
 c.GPUCapacity.declared_inventory = os.environ.get("GPULAB_DECLARED_INVENTORY", "8 x A100-SXM4-80GB")
 c.GPUCapacity.db_url = "sqlite:///gpulab-allocations.sqlite"

@@ -80,11 +80,16 @@ class Aggregate:
         state.last_attempt, state.duration_seconds = result.t, result.duration_seconds
         state.scrapes += 1
         if not result.ok:
+            if result.error != state.error:  # once per change, not every cycle
+                log.warning(
+                    "gpulab-metrics: scraping %s failed: %s", result.target.key, result.error
+                )
             state.up, state.error = False, result.error
             state.failures += 1
             self.scrape_failures_total += 1
-            log.warning("gpulab-metrics: scraping %s failed: %s", result.target.key, result.error)
             return []
+        if state.error:
+            log.info("gpulab-metrics: scraping %s works again", result.target.key)
         state.up, state.error, state.last_success, state.result = True, "", result.t, result
         target = result.target
         events = self._forget_gpus(target, keep=set(result.gpus), t=result.t)
