@@ -8,7 +8,7 @@ import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jupyterlab_gpulab.fanout import Fanout, Subscriber, clamp_rate
+from jupyterlab_gpulab.fanout import CHUNK, Fanout, Subscriber, clamp_rate
 from jupyterlab_gpulab.sampler import Sampler
 from jupyterlab_gpulab.share import Share
 from jupyterlab_gpulab.sources import Latencies, SimulatedSource, spend
@@ -188,3 +188,15 @@ def test_pushes_keep_to_the_clamped_rate_and_never_starve(
     span = len(jitter) * period
     if sub.interval < span / 4:
         assert len(pushed) >= span / (sub.interval + 1.5 * period) - 1
+
+
+async def test_fifty_panels_are_served_in_chunks_with_alerts_after_their_sample() -> None:
+    fanout = Fanout()
+    boxes: list[list[str]] = [[] for _ in range(50)]
+    for box in boxes:
+        fanout.add(Subscriber(box.append, rate_hz=1, period_seconds=1.0))
+    fanout.publish_sample(100.0, "sample", ["alert"])
+    assert sum(1 for box in boxes if box) == CHUNK, "the first chunk at once, the rest later"
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert all(box == ["sample", "alert"] for box in boxes)

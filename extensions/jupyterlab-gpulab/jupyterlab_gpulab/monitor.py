@@ -201,9 +201,9 @@ class GPUMonitor(Configurable):
 
     def _on_sample(self, sample: Sample) -> None:
         """On the loop: evaluate the rules, push the sample and any alert transitions."""
-        self.fanout.publish_sample(sample.t, sample.message)
-        for event in self.rules.observe(sample):
-            self.broadcast_alert(event)
+        events = self.rules.observe(sample)
+        alerts = [json.dumps({"type": "alert", "event": e}) for e in events]
+        self.fanout.publish_sample(sample.t, sample.message, alerts)
 
     def broadcast_alert(self, event: dict[str, Any]) -> None:
         self.fanout.broadcast(json.dumps({"type": "alert", "event": event}))
