@@ -8,6 +8,7 @@ to report figures, or raise alerts, for another user.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -216,7 +217,10 @@ async def scrape(
         return failed(f"HTTP {response.code} {response.reason}")
     try:
         text = response.body.decode("utf-8")
-        families, gpus, dropped = parse_exposition(text, target, max_series)
+        # pure-Python parsing of up to max_body_size: off the event loop
+        families, gpus, dropped = await asyncio.get_running_loop().run_in_executor(
+            None, parse_exposition, text, target, max_series
+        )
     except (ValueError, UnicodeDecodeError, IndexError, KeyError, TypeError) as e:
         return failed(f"not a Prometheus text exposition: {e}")
     t = time.time()

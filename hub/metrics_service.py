@@ -290,7 +290,11 @@ class ServiceHandler(HubOAuthenticated, web.RequestHandler):
                 " or a token with admin:servers",
             )
         scopes = set(model.get("scopes") or [])
-        if not (model.get("admin") or scopes & self.allowed_scopes):
+        # A token is judged by its scopes (an admin's token scoped down to less is not an admin's
+        # token); a browser session after the hub's OAuth login by the user's admin flag.
+        via_token = bool(self.hub_auth.get_token(self, in_cookie=False))
+        admin_session = bool(model.get("admin")) and not via_token
+        if not (admin_session or scopes & self.allowed_scopes):
             kind, name = model.get("kind", "user"), model.get("name", "?")
             needs = " or ".join(sorted(self.allowed_scopes))
             raise web.HTTPError(403, f"{kind} {name!r} is not an admin and has no {needs} scope")

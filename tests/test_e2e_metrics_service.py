@@ -106,6 +106,19 @@ def test_service_scrapes_a_real_server_and_serves_admins_only(make_hub, tmp_path
     r = httpx.get(f"{hub.url}{SERVICE}api/alerts", timeout=30)
     assert r.status_code == 403 and "admin" in r.json()["message"]
 
+    # an admin user's token answers; the same admin's token scoped down to less does not
+    full = hub.api("POST", "/users/admin/tokens", json={"note": "full"}).json()["token"]
+    narrow = hub.api(
+        "POST", "/users/admin/tokens", json={"note": "narrow", "scopes": ["read:users:name!user"]}
+    ).json()["token"]
+    for token, status in ((full, 200), (narrow, 403)):
+        r = httpx.get(
+            f"{hub.url}{SERVICE}api/servers",
+            headers={"Authorization": f"token {token}"},
+            timeout=30,
+        )
+        assert r.status_code == status, (status, r.text)
+
     # the server stops: it leaves the service's view and its alert resolves
     hub.stop_server("ada")
     wait_for(lambda: admin.get("api/servers").json()["servers"] == [])
