@@ -97,6 +97,11 @@ def rule_level_for(rule: Rule) -> int | None:
     return durations.pop() if len(durations) == 1 else None
 
 
+def template_literal(text: str) -> str:
+    """Text as a Go template that renders it unchanged (Prometheus templates annotations)."""
+    return text.replace("{{", '{{ "{{" }}')
+
+
 def prometheus_rule(rule: Rule, step_seconds: int = 15) -> dict[str, Any]:
     rule_for = rule_level_for(rule)
     out: dict[str, Any] = {
@@ -107,10 +112,10 @@ def prometheus_rule(rule: Rule, step_seconds: int = 15) -> dict[str, Any]:
         out["for"] = format_duration(rule_for)
     out["labels"] = {"severity": rule.severity}
     out["annotations"] = {
-        "summary": rule.message,
+        "summary": template_literal(rule.message),
         "description": "{{ $labels.user }}/{{ $labels.server }} GPU {{ $labels.gpu }}: "
         + rule.condition.to_text(),
-        "gpulab_rule": rule.to_text(),
+        "gpulab_rule": template_literal(rule.to_text()),
     }
     return out
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpulab.hub.alerts import AlertEvent, RuleEngine, Sample, parse_rule, parse_rules
 
@@ -194,3 +196,47 @@ def test_forget_resolves_the_alerts_of_a_device_that_went_away():
 def test_max_gap_must_be_positive():
     with pytest.raises(ValueError, match="max_gap_seconds"):
         RuleEngine([HIGH], max_gap_seconds=0)
+
+
+def oracle_holds(series: list[tuple[float, float | None]], i: int, d: float, gap: float) -> bool:
+    """Brute force: some earlier sample j with t_i - t_j >= d, all of j..i above, no long gap."""
+    for j in range(i, -1, -1):
+        t, value = series[j]
+        if value is None or not value > 50:
+            return False
+        if j < i and series[j + 1][0] - t > gap:
+            return False
+        if series[i][0] - t >= d:
+            return True
+    return False
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 25),
+            st.one_of(st.none(), st.sampled_from([0.0, 49.0, 50.0, 51.0, 99.0])),
+        ),
+        max_size=60,
+    )
+)
+def test_engine_matches_a_brute_force_oracle(steps):
+    rule = parse_rule('IF gpu_utilization > 50% FOR 30s THEN alert("BUSY")')
+    engine = RuleEngine([rule], max_gap_seconds=15)
+    series: list[tuple[float, float | None]] = []
+    t, firing, since = 0.0, False, None
+    for dt, value in steps:
+        t += dt
+        series.append((t, value))
+        events = engine.observe("d", util(t, value))
+        expected = oracle_holds(series, len(series) - 1, 30, 15)
+        if expected and not firing:
+            since = t
+            assert [(e.state, e.since, e.t) for e in events] == [("firing", t, t)]
+        elif firing and not expected:
+            assert [(e.state, e.since, e.t) for e in events] == [("resolved", since, t)]
+        else:
+            assert events == []
+        firing = expected
+        assert len(engine.active()) == (1 if firing else 0)

@@ -191,3 +191,35 @@ def test_generated_rules_export_parseable_expressions(rules):
     for rule in exported:
         parse_expr(rule["expr"])
     yaml.safe_load(yaml.safe_dump(to_prometheus_rules(rules)))
+
+
+try:  # Prometheus' own parser, ported (GreptimeTeam's promql-parser); optional
+    import promql_parser
+except ImportError:  # pragma: no cover - depends on the environment
+    promql_parser = None
+
+needs_promql_parser = pytest.mark.skipif(
+    promql_parser is None, reason="pip install promql-parser for a type-checked PromQL parse"
+)
+
+
+@needs_promql_parser
+def test_promql_parser_rejects_what_prometheus_rejects():
+    # the checker itself: type errors are errors (so the tests below mean something)
+    for bad in ("1 and 2", "sum_over_time(gpulab_gpu_power_watts)", "(x > 1) offset 5m"):
+        with pytest.raises(ValueError):
+            promql_parser.parse(bad)
+
+
+@needs_promql_parser
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.builds(Rule, expressions, actions), min_size=1, max_size=3))
+def test_generated_rules_export_expressions_prometheus_accepts(rules):
+    for rule in to_prometheus_rules(rules)["groups"][0]["rules"]:
+        promql_parser.parse(rule["expr"])
+
+
+def test_messages_are_plain_text_even_with_template_braces():
+    rule = only_rule('IF gpu_power > 1W THEN alert("P", message="use {{ $labels.gpu }} {{")')
+    assert rule["annotations"]["summary"] == ('use {{ "{{" }} $labels.gpu }} {{ "{{" }}')
+    assert "{{ $labels.gpu" not in rule["annotations"]["gpulab_rule"]
