@@ -11,9 +11,11 @@ import importlib.util
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.browser import browser_page, chromium_missing_reason
@@ -50,8 +52,8 @@ def _extension_installed() -> str | None:
     return None
 
 
-def _spawn_lab(make_hub, tmp_path: Path, page: Any) -> Path:
-    """Log in and start a 1/2-GPU server on simulated devices; returns their figures file."""
+def _spawn_lab(make_hub, tmp_path: Path, page: Any) -> tuple[Any, Path]:
+    """Log in and start a 1/2-GPU server on simulated devices; the hub and their figures file."""
     figures = tmp_path / "gpu-figures.json"
     _write_figures(
         figures,
@@ -76,7 +78,7 @@ def _spawn_lab(make_hub, tmp_path: Path, page: Any) -> Path:
     page.click("form button[type=submit], form input[type=submit]")
     page.wait_for_url("**/user/admin/lab**", timeout=90_000)
     page.wait_for_selector(".jp-Launcher", timeout=60_000)
-    return figures
+    return hub, figures
 
 
 def _open_monitor_from_palette(page: Any) -> None:
@@ -98,7 +100,7 @@ def _points(page: Any) -> int:
 def test_monitor_panel_shows_the_share_and_live_charts_of_the_simulated_gpu(make_hub, tmp_path):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with browser_page(tmp_path) as page:
-        figures = _spawn_lab(make_hub, tmp_path, page)
+        _, figures = _spawn_lab(make_hub, tmp_path, page)
         # the launcher and the GPU menu offer the panel; the palette opens it
         assert page.locator(".jp-LauncherCard", has_text="GPU Monitor").count() == 1
         page.locator(".lm-MenuBar-itemLabel", has_text="GPU").click()
@@ -174,7 +176,7 @@ def test_user_adds_an_alert_rule_and_sees_it_fire_in_the_panel_and_as_a_notifica
 ):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with browser_page(tmp_path) as page:
-        figures = _spawn_lab(make_hub, tmp_path, page)
+        _, figures = _spawn_lab(make_hub, tmp_path, page)
         _open_monitor_from_palette(page)
         panel = page.locator(MONITOR)
         rule_input = panel.locator("[data-testid=gpulab-rule-input]")
@@ -217,3 +219,68 @@ def test_user_adds_an_alert_rule_and_sees_it_fire_in_the_panel_and_as_a_notifica
             "[data-testid=gpulab-rule-delete]"
         ).click()
         panel.locator("[data-testid=gpulab-rule]", has_text="HIGH_LOAD").wait_for(state="detached")
+
+
+def _server_sample_count(hub: Any) -> int:
+    """Samples the server holds (all of them: it started well within its history window)."""
+    r = httpx.get(
+        f"{hub.url}/user/admin/gpulab/monitor/samples",
+        params={"since": 0},
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return len(r.json()["samples"])
+
+
+@pytest.mark.skipif(_missing is not None, reason=_missing or "")
+@pytest.mark.skipif(_extension_installed() is not None, reason=_extension_installed() or "")
+def test_monitor_panel_reconnects_after_losing_its_websocket_and_backfills_the_gap(
+    make_hub, tmp_path
+):
+    # The browser's websocket to gpulab/monitor/ws goes through this route: the test can drop it
+    # and refuse new ones, as a flaky network or a proxy restart would.
+    connections: list[Any] = []
+    refused: list[Any] = []
+    reachable = {"now": True}
+
+    def route(ws: Any) -> None:
+        if reachable["now"]:
+            connections.append(ws)
+            ws.connect_to_server()
+        else:
+            refused.append(ws)
+            ws.close(code=1011, reason="test: the monitor is unreachable")
+
+    with browser_page(tmp_path) as page:
+        page.route_web_socket(re.compile(r"/gpulab/monitor/ws"), route)
+        hub, _ = _spawn_lab(make_hub, tmp_path, page)
+        _open_monitor_from_palette(page)
+        connection = f"{MONITOR} [data-testid=gpulab-connection]"
+        page.wait_for_selector(f"{connection}[data-state=open]")
+
+        reachable["now"] = False
+        at_drop = _server_sample_count(hub)
+        connections[-1].close(code=4000, reason="test: connection lost")
+        page.wait_for_selector(f"{connection}[data-state=waiting]", timeout=30_000)
+        assert "reconnecting in" in page.locator(connection).inner_text()
+
+        # stay unreachable through two retries and at least five samples
+        deadline = time.monotonic() + 120
+        while len(refused) < 2 or _server_sample_count(hub) < at_drop + 5:
+            assert time.monotonic() < deadline, (len(refused), at_drop)
+            page.wait_for_timeout(250)
+        reachable["now"] = True
+        page.wait_for_selector(f"{connection}[data-state=open]", timeout=60_000)
+
+        # the samples of the outage came back with the backfill: the chart has what the server has,
+        # give or take the sample or two in flight between the two reads (without the backfill it
+        # would stay short by the whole outage, five samples or more)
+        deadline = time.monotonic() + 30
+        while True:
+            points, held = _points(page), _server_sample_count(hub)
+            if held - points <= 2:
+                break
+            assert time.monotonic() < deadline, f"the chart has {points} samples, the server {held}"
+            page.wait_for_timeout(250)
+        assert len(connections) == 2

@@ -210,14 +210,32 @@ export class MonitorModel {
     }
   }
 
+  /** Merge samples in time order; backfill and stream may overlap or arrive out of order. */
   private _addSamples(samples: ISample[]): void {
     let added = false;
     for (const sample of samples) {
-      const last = this.latest;
-      if (last && sample.t <= last.t) {
-        continue; // already have it (backfill and stream overlap)
+      const list = this._samples;
+      const last = list.length ? list[list.length - 1].t : -Infinity;
+      if (sample.t > last) {
+        list.push(sample);
+        added = true;
+        continue;
       }
-      this._samples.push(sample);
+      // a sample from a gap the backfill closes: find its place, skip it if we have it
+      let lo = 0;
+      let hi = list.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1;
+        if (list[mid].t < sample.t) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      if (lo < list.length && list[lo].t === sample.t) {
+        continue;
+      }
+      list.splice(lo, 0, sample);
       added = true;
     }
     if (added) {
