@@ -72,9 +72,9 @@ if cull_idle_seconds > 0:
 
 
 # GPU figures of every server in one place (gpulab.hub.metrics_service): the service lists the
-# running servers, reads each one's GPU monitor through the proxy every 15 s, evaluates the admin's
-# alert rules (IDLE_GPU by default) and serves /services/gpulab-metrics/{metrics,api/servers,
-# api/alerts} to admins. GPULAB_METRICS_SERVICE=0 turns it off; GPULAB_METRICS_SERVICE_URL (or
+# running servers, reads each one's GPU monitor every 15 s (at the server's own address),
+# evaluates the admin's alert rules (IDLE_GPU by default) and serves
+# /services/gpulab-metrics/{metrics,api/servers,api/alerts} to admins. GPULAB_METRICS_SERVICE=0 turns it off; GPULAB_METRICS_SERVICE_URL (or
 # _PORT) is where it listens (default: a free loopback port, so several hubs share a machine);
 # GPULAB_METRICS_CONFIG names a config file for it (c.MetricsService.rules and friends).
 def _free_loopback_port() -> int:
@@ -86,12 +86,10 @@ def _free_loopback_port() -> int:
 
 
 if os.environ.get("GPULAB_METRICS_SERVICE", "1").strip().lower() not in ("0", "false", "no", "off"):
-    _host = c.JupyterHub.ip if c.JupyterHub.ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
-    _host = f"[{_host}]" if ":" in _host else _host
     _metrics_url = os.environ.get("GPULAB_METRICS_SERVICE_URL") or (
         f"http://127.0.0.1:{int(os.environ.get('GPULAB_METRICS_SERVICE_PORT') or _free_loopback_port())}"
     )
-    _metrics_env = {"GPULAB_PROXY_PUBLIC_URL": f"http://{_host}:{c.JupyterHub.port}"}
+    _metrics_env = {}
     if os.environ.get("GPULAB_METRICS_CONFIG"):
         _metrics_env["GPULAB_METRICS_CONFIG"] = os.environ["GPULAB_METRICS_CONFIG"]
     c.JupyterHub.services.append(
@@ -107,7 +105,9 @@ if os.environ.get("GPULAB_METRICS_SERVICE", "1").strip().lower() not in ("0", "f
     c.JupyterHub.load_roles.append(
         {
             "name": "gpulab-metrics",
-            "scopes": ["list:users", "read:users", "read:servers", "access:servers"],
+            # proxy: read the routing table, to scrape servers at their own address (a scrape
+            # through the proxy would count as activity and defeat idle culling)
+            "scopes": ["list:users", "read:users", "read:servers", "access:servers", "proxy"],
             "services": ["gpulab-metrics"],
         }
     )

@@ -1,9 +1,11 @@
 """Scraping for the gpulab-metrics service: which servers run (hub API), and their figures.
 
 Each running server's monitor (jupyterlab-gpulab, GET <server url>gpulab/monitor/metrics) is
-read through the proxy with the service's token. The labels `user` and `server` of what comes
-back are the hub's, never the server's own: a user's server is user code and must not be able
-to report figures, or raise alerts, for another user.
+read with the service's token at the server's own address, the proxy route's target (hub API
+GET /proxy), not through the proxy: the proxy counts every answered request as activity, and
+scrapes every 15 s would keep idle servers from ever being culled. The labels `user` and
+`server` of what comes back are the hub's, never the server's own: a user's server is user
+code and must not be able to report figures, or raise alerts, for another user.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlparse
 
 from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
@@ -38,7 +40,7 @@ class Target:
 
     user: str
     server: str  # "" for the default server
-    url: str  # the monitor's metrics URL through the proxy
+    url: str  # the monitor's metrics URL at the server's own address ("" if not routed)
 
     @property
     def key(self) -> str:
@@ -74,37 +76,41 @@ class ScrapeResult:
     dropped_series: int = 0
 
 
-def targets_from_users(users: Iterable[dict[str, Any]], proxy_url: str) -> list[Target]:
-    """Ready servers of the hub API's user models (GET /hub/api/users?state=active)."""
-    base = proxy_url.rstrip("/")
+def targets_from_users(
+    users: Iterable[dict[str, Any]], routes: dict[str, dict[str, Any]]
+) -> list[Target]:
+    """Ready servers of the hub API's user models (GET /users?state=active), each at the target
+    of its proxy route (GET /proxy); url "" when the proxy has no route for it (yet)."""
+    where = {}
+    for route in routes.values():
+        data = route.get("data") or {}
+        if "user" in data and route.get("target"):
+            where[(str(data["user"]), str(data.get("server_name", "")))] = str(route["target"])
     out = []
     for user in users:
         for name, server in (user.get("servers") or {}).items():
             if not server.get("ready") or not server.get("url"):
                 continue
-            path = str(server["url"])
+            path = urlparse(str(server["url"])).path
             if not path.endswith("/"):
                 path += "/"
-            out.append(Target(str(user["name"]), str(name), f"{base}{path}{MONITOR_PATH}"))
+            host = where.get((str(user["name"]), str(name)))
+            url = f"{host.rstrip('/')}{path}{MONITOR_PATH}" if host else ""
+            out.append(Target(str(user["name"]), str(name), url))
     return sorted(out, key=lambda t: (t.user, t.server))
 
 
-async def list_targets(
-    client: AsyncHTTPClient,
-    api_url: str,
-    token: str,
-    proxy_url: str,
-    timeout_seconds: float,
-    page_size: int = 200,
-) -> list[Target]:
-    """Every ready server, following the hub API's pagination. Raises on hub errors."""
-    users: list[dict[str, Any]] = []
+async def _get_paginated(
+    client: AsyncHTTPClient, url: str, token: str, timeout_seconds: float, page_size: int
+) -> list[Any]:
+    """Every page of a hub API listing: its items (a list, or a dict's (key, value) pairs)."""
+    out: list[Any] = []
     offset = 0
     while True:
-        query = urlencode({"state": "active", "offset": offset, "limit": page_size})
+        query = urlencode({"offset": offset, "limit": page_size})
         response = await client.fetch(
             HTTPRequest(
-                f"{api_url.rstrip('/')}/users?{query}",
+                f"{url}{'&' if '?' in url else '?'}{query}",
                 headers={"Authorization": f"token {token}", "Accept": PAGINATION},
                 connect_timeout=timeout_seconds,
                 request_timeout=timeout_seconds,
@@ -114,20 +120,35 @@ async def list_targets(
         if response.code != 200:
             body = response.body.decode(errors="replace")[:300] if response.body else ""
             raise RuntimeError(
-                f"GET {api_url}/users?state=active answered {response.code} {body or response.reason}"
-                " (the gpulab-metrics role needs list:users, read:users and read:servers)"
+                f"GET {url} answered {response.code} {body or response.reason} (the gpulab-metrics"
+                " role needs list:users, read:users, read:servers, access:servers and proxy)"
             )
         page = json.loads(response.body)
-        if isinstance(page, list):  # a hub without pagination
-            users.extend(page)
-            break
-        items = page.get("items", [])
-        users.extend(items)
+        if not isinstance(page, dict) or "items" not in page:  # a hub without pagination
+            return list(page.items()) if isinstance(page, dict) else list(page)
+        items = page["items"]
+        items = list(items.items()) if isinstance(items, dict) else list(items)
+        out.extend(items)
         following = (page.get("_pagination") or {}).get("next")
         if not following or not items:
-            break
+            return out
         offset = int(following.get("offset", offset + len(items)))
-    return targets_from_users(users, proxy_url)
+
+
+async def list_targets(
+    client: AsyncHTTPClient,
+    api_url: str,
+    token: str,
+    timeout_seconds: float,
+    page_size: int = 200,
+) -> list[Target]:
+    """Every ready server and where it listens. Raises on hub errors."""
+    base = api_url.rstrip("/")
+    users = await _get_paginated(
+        client, f"{base}/users?state=active", token, timeout_seconds, page_size
+    )
+    routes = await _get_paginated(client, f"{base}/proxy", token, timeout_seconds, page_size)
+    return targets_from_users(users, dict(routes))
 
 
 def parse_exposition(
@@ -187,6 +208,9 @@ async def scrape(
 
     def failed(error: str) -> ScrapeResult:
         return ScrapeResult(target, time.time(), time.monotonic() - start, False, error)
+
+    if not target.url:
+        return failed("the hub lists the server as ready but the proxy has no route to it")
 
     try:
         response = await client.fetch(

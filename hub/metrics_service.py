@@ -1,8 +1,9 @@
 """gpulab-metrics: a JupyterHub managed service that aggregates the GPU figures of all servers.
 
 Every scrape_interval_seconds it lists the running servers (hub API), reads each one's GPU
-monitor through the proxy, evaluates the admin's alert rules (gpulab's rule language) per GPU,
-and serves under its prefix (/services/gpulab-metrics/):
+monitor at the server's own address (through the proxy it would count as activity and keep
+idle servers from being culled), evaluates the admin's alert rules (gpulab's rule language)
+per GPU, and serves under its prefix (/services/gpulab-metrics/):
 
 - metrics      Prometheus text: every scraped gpulab_* series (labels user, server, gpu),
                gpulab_scrape_up{user,server}, hub-side alerts and the service's own figures;
@@ -86,11 +87,6 @@ class MetricsService(Application):
         help="""Longest pause between two scrapes of a GPU that keeps FOR timers running.
         None: 3 x the scrape spacing, at least 30 s.""",
     )
-    proxy_url = Unicode(
-        config=True,
-        help="""Public URL of the proxy (http://host:port), through which servers are read.
-        Default: $GPULAB_PROXY_PUBLIC_URL, else http://127.0.0.1:8000.""",
-    )
     monitor_path = Unicode(
         MONITOR_PATH, config=True, help="""Path of the monitor's metrics under a server's URL."""
     )
@@ -105,10 +101,6 @@ class MetricsService(Application):
     @default("scrape_timeout_seconds")
     def _default_timeout(self) -> float:
         return min(10.0, self.scrape_interval_seconds)
-
-    @default("proxy_url")
-    def _default_proxy_url(self) -> str:
-        return os.environ.get("GPULAB_PROXY_PUBLIC_URL", "") or "http://127.0.0.1:8000"
 
     @default("config_file")
     def _default_config_file(self) -> str:
@@ -171,7 +163,6 @@ class MetricsService(Application):
                 client,
                 self.api_url,
                 self.api_token,
-                self.proxy_url,
                 self.scrape_timeout_seconds,
             )
         except Exception as e:  # keep the last known servers: a hub restart is not a stop
@@ -181,7 +172,9 @@ class MetricsService(Application):
             agg.hub_error = ""
             if self.monitor_path != MONITOR_PATH:
                 targets = [
-                    type(t)(t.user, t.server, t.url[: -len(MONITOR_PATH)] + self.monitor_path)
+                    type(t)(
+                        t.user, t.server, t.url and t.url[: -len(MONITOR_PATH)] + self.monitor_path
+                    )
                     for t in targets
                 ]
             agg.set_targets(targets, time.time())
@@ -250,11 +243,10 @@ class MetricsService(Application):
         server = HTTPServer(self.make_app(), xheaders=True)
         server.listen(url.port or 80, url.hostname or "127.0.0.1")
         self.log.info(
-            "gpulab-metrics on %s%s: scraping every %.0f s via %s, rules: %s",
+            "gpulab-metrics on %s%s: scraping every %.0f s, rules: %s",
             self.service_url,
             self.prefix,
             self.scrape_interval_seconds,
-            self.proxy_url,
             "; ".join(r.to_text() for r in self.aggregate.rules) or "none",
         )
         try:

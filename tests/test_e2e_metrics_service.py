@@ -73,6 +73,14 @@ def test_service_scrapes_a_real_server_and_serves_admins_only(make_hub, tmp_path
     alerts = admin.get("api/alerts").json()["alerts"]
     assert [(a["rule"], a["user"], a["gpu"]) for a in alerts] == [("IDLE_GPU", "ada", gpu["gpu"])]
 
+    # scraping is not using the server: its last activity stays put, so idle culling still works
+    # (the hub reads the proxy's activity every 2 s here: c.JupyterHub.last_activity_interval)
+    before = hub.server_model("ada")["last_activity"]
+    cycles = admin.get("api/servers").json()["cycles"]
+    wait_for(lambda: admin.get("api/servers").json()["cycles"] >= cycles + 5)
+    time.sleep(2.5)  # one more activity poll by the hub after those scrapes
+    assert hub.server_model("ada")["last_activity"] == before
+
     r = admin.get("metrics")
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
     samples = {

@@ -1,8 +1,8 @@
 """gpulab-metrics' scrape -> aggregate -> rules loop against real HTTP servers in the test.
 
 The monitors are a small tornado app that serves pages made with prometheus_client, the way
-jupyterlab-gpulab does, and the hub's GET /hub/api/users (paginated, token-checked) for the
-listing. The real hub and proxy are in tests/test_e2e_metrics_service.py.
+jupyterlab-gpulab does, and the hub's GET /hub/api/users and /hub/api/proxy (paginated,
+token-checked) for the listing. The real hub and proxy are in tests/test_e2e_metrics_service.py.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class World:
 
     servers: dict[tuple[str, str], FakeServer] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
+    unrouted: set[tuple[str, str]] = field(default_factory=set)
+    monitors_url: str = ""
 
 
 def page(server: FakeServer, user: str, name: str) -> bytes:
@@ -115,6 +117,25 @@ class UsersHandler(web.RequestHandler):
         )
 
 
+class ProxyRoutesHandler(web.RequestHandler):
+    """GET /hub/api/proxy: the routing table, each server's route targeting the monitors' app."""
+
+    def get(self) -> None:
+        world: World = self.settings["world"]
+        assert self.request.headers["Authorization"] == f"token {TOKEN}"
+        routes: dict[str, Any] = {"/": {"target": "http://127.0.0.1:1", "data": {"hub": True}}}
+        for user, name in world.servers:
+            if (user, name) in world.unrouted:
+                continue
+            spec = f"/user/{user}/{name + '/' if name else ''}"
+            routes[spec] = {
+                "routespec": spec,
+                "target": world.monitors_url,
+                "data": {"user": user, "server_name": name},
+            }
+        self.finish(json.dumps({"items": routes, "_pagination": {"next": None}}))
+
+
 class MonitorHandler(web.RequestHandler):
     def get(self, user: str, name: str | None) -> None:
         world: World = self.settings["world"]
@@ -140,6 +161,7 @@ async def world() -> AsyncIterator[tuple[World, str]]:
     app = web.Application(
         [
             (r"/hub/api/users", UsersHandler),
+            (r"/hub/api/proxy", ProxyRoutesHandler),
             (r"/user/([^/]+)/(?:([^/]+)/)?gpulab/monitor/metrics", MonitorHandler),
         ],
         world=w,
@@ -147,6 +169,7 @@ async def world() -> AsyncIterator[tuple[World, str]]:
     port = free_port()
     server = HTTPServer(app)
     server.listen(port, "127.0.0.1")
+    w.monitors_url = f"http://127.0.0.1:{port}"
     try:
         yield w, f"http://127.0.0.1:{port}"
     finally:
@@ -157,7 +180,7 @@ def make_service(url: str, monkeypatch: pytest.MonkeyPatch, **traits: Any) -> Me
     monkeypatch.setenv("JUPYTERHUB_API_URL", f"{url}/hub/api")
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
     monkeypatch.delenv("GPULAB_METRICS_CONFIG", raising=False)
-    service = MetricsService(proxy_url=url, scrape_timeout_seconds=5, **traits)
+    service = MetricsService(scrape_timeout_seconds=5, **traits)
     service.initialize([])
     return service
 
@@ -326,17 +349,42 @@ def test_parse_exposition_forces_labels_and_converts_units():
     assert "H" not in gpus  # NaN is no figure
 
 
-def test_targets_are_the_ready_servers_through_the_proxy():
+def test_targets_are_the_ready_servers_at_their_proxy_route_targets():
     users = [
         {"name": "ada", "servers": {"": {"ready": True, "url": "/user/ada/"}}},
         {"name": "bob", "servers": {"gpu": {"ready": True, "url": "/base/user/bob/gpu/"}}},
         {"name": "cy", "servers": {"": {"ready": False, "url": "/user/cy/"}}},
         {"name": "dee"},
+        {"name": "eve", "servers": {"": {"ready": True, "url": "/user/eve/"}}},
     ]
-    assert targets_from_users(users, "http://127.0.0.1:8000/") == [
-        Target("ada", "", "http://127.0.0.1:8000/user/ada/gpulab/monitor/metrics"),
-        Target("bob", "gpu", "http://127.0.0.1:8000/base/user/bob/gpu/gpulab/monitor/metrics"),
+    routes = {
+        "/": {"target": "http://127.0.0.1:8081", "data": {"hub": True}},
+        "/user/ada/": {
+            "target": "http://10.0.0.5:8888",
+            "data": {"user": "ada", "server_name": ""},
+        },
+        "/base/user/bob/gpu/": {
+            "target": "http://127.0.0.1:50123/",
+            "data": {"user": "bob", "server_name": "gpu"},
+        },
+        "/services/x/": {"target": "http://127.0.0.1:9", "data": {"service": "x"}},
+    }
+    assert targets_from_users(users, routes) == [
+        Target("ada", "", "http://10.0.0.5:8888/user/ada/gpulab/monitor/metrics"),
+        Target("bob", "gpu", "http://127.0.0.1:50123/base/user/bob/gpu/gpulab/monitor/metrics"),
+        Target("eve", "", ""),  # ready, but not routed (yet): listed as down, not scraped
     ]
+
+
+async def test_a_ready_server_without_a_route_is_down_with_the_reason(world, monkeypatch):
+    w, url = world
+    w.servers[("ada", "")] = FakeServer([GPU("GPU-a")])
+    w.unrouted.add(("ada", ""))
+    service = make_service(url, monkeypatch)
+    await service.cycle()
+    [ada] = service.aggregate.servers_payload()["servers"]
+    assert not ada["up"] and "no route" in ada["error"]
+    assert w.requests == []
 
 
 def test_bad_rules_are_refused_at_load_time_with_the_option_and_position():
