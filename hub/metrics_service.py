@@ -41,7 +41,7 @@ from gpulab.hub.alerts import RuleError, parse_rules
 
 from .metrics_aggregate import Aggregate
 from .metrics_exposition import exposition
-from .metrics_scrape import MONITOR_PATH, list_targets, scrape
+from .metrics_scrape import MONITOR_PATH, ScrapeResult, Target, list_targets, scrape
 
 DEFAULT_RULES = 'IF gpu_utilization < 5% FOR 30m THEN alert("IDLE_GPU", severity="warning")'
 
@@ -179,18 +179,21 @@ class MetricsService(Application):
                 ]
             agg.set_targets(targets, time.time())
         states = list(agg.servers.values())
-        results = await asyncio.gather(
-            *(
-                scrape(
+        # at most max_concurrent_scrapes in flight: the others wait here, not in the HTTP
+        # client's queue (where the wait would count against their timeout)
+        slots = asyncio.Semaphore(self.max_concurrent_scrapes)
+
+        async def one(target: Target) -> ScrapeResult:
+            async with slots:
+                return await scrape(
                     client,
-                    s.target,
+                    target,
                     self.api_token,
                     self.scrape_timeout_seconds,
                     self.max_series_per_server,
                 )
-                for s in states
-            )
-        )
+
+        results = await asyncio.gather(*(one(s.target) for s in states))
         for result in results:
             agg.add_result(result)
         agg.cycles += 1

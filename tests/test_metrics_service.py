@@ -46,6 +46,8 @@ class FakeServer:
     status: int = 200
     body: str | None = None  # a raw body instead of the generated page
     extra_series: int = 0
+    hang: bool = False  # never answers
+    rendezvous: bool = False  # answers only once every rendezvous server was asked
 
 
 @dataclass
@@ -55,6 +57,7 @@ class World:
     servers: dict[tuple[str, str], FakeServer] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
     unrouted: set[tuple[str, str]] = field(default_factory=set)
+    arrived: set[str] = field(default_factory=set)
     monitors_url: str = ""
 
 
@@ -137,12 +140,19 @@ class ProxyRoutesHandler(web.RequestHandler):
 
 
 class MonitorHandler(web.RequestHandler):
-    def get(self, user: str, name: str | None) -> None:
+    async def get(self, user: str, name: str | None) -> None:
         world: World = self.settings["world"]
         world.requests.append(f"{user}/{name or ''}")
         if self.request.headers.get("Authorization") != f"token {TOKEN}":
             raise web.HTTPError(403)
         server = world.servers[(user, name or "")]
+        if server.hang:
+            await asyncio.Event().wait()
+        if server.rendezvous:
+            world.arrived.add(user)
+            everyone = {u for (u, _), srv in world.servers.items() if srv.rendezvous}
+            while world.arrived != everyone:
+                await asyncio.sleep(0.01)  # ends when the others are asked, or the scrape times out
         if server.status != 200:
             raise web.HTTPError(server.status)
         self.set_header("Content-Type", "text/plain; version=0.0.4")
@@ -392,3 +402,27 @@ def test_bad_rules_are_refused_at_load_time_with_the_option_and_position():
         MetricsService(rules='IF gpu_idle < 5% THEN alert("X")')
     with pytest.raises(TraitError, match="scrape_interval_seconds must be more than 0"):
         MetricsService(scrape_interval_seconds=0)
+
+
+async def test_servers_are_scraped_concurrently(world, monkeypatch):
+    w, url = world
+    # each answers only once all three were asked: scraping one after the other would time out
+    for user in ("ada", "bob", "cy"):
+        w.servers[(user, "")] = FakeServer([GPU(f"GPU-{user}")], rendezvous=True)
+    service = make_service(url, monkeypatch)
+    await service.cycle()
+    assert [s["up"] for s in service.aggregate.servers_payload()["servers"]] == [True] * 3
+
+
+async def test_a_server_that_never_answers_times_out_without_holding_up_the_others(
+    world, monkeypatch
+):
+    w, url = world
+    w.servers[("ada", "")] = FakeServer([GPU("GPU-a")])
+    w.servers[("bob", "")] = FakeServer([GPU("GPU-b")], hang=True)
+    service = make_service(url, monkeypatch)
+    service.scrape_timeout_seconds = 1
+    await service.cycle()
+    body = {s["user"]: s for s in service.aggregate.servers_payload()["servers"]}
+    assert body["ada"]["up"]
+    assert not body["bob"]["up"] and "Timeout" in body["bob"]["error"]
