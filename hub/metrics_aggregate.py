@@ -46,6 +46,7 @@ class Aggregate:
     last_cycle: float | None = None
     last_cycle_seconds: float = 0.0
     hub_error: str = ""
+    config_error: str = ""  # the service's config did not load (it runs on defaults)
 
     def __post_init__(self) -> None:
         self.engine = RuleEngine(self.rules, max_gap_seconds=self.max_gap_seconds)
@@ -156,6 +157,7 @@ class Aggregate:
             "idle_gpu_servers": self.idle_gpu_servers(),
             "rules": [r.to_text() for r in self.rules],
             "recent": list(self.recent),
+            "config_error": self.config_error,
         }
 
     def servers_payload(self) -> dict[str, Any]:
@@ -200,4 +202,5 @@ class Aggregate:
             "cycles": self.cycles,
             "last_cycle": self.last_cycle,
             "hub_error": self.hub_error,
+            "config_error": self.config_error,
         }

@@ -25,6 +25,7 @@ import os
 import secrets
 import sys
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -36,6 +37,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from traitlets import Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Application
+from traitlets.config.loader import PyFileConfigLoader
 
 from gpulab.hub.alerts import RuleError, parse_rules
 
@@ -134,12 +136,21 @@ class MetricsService(Application):
     aliases = {"config": "MetricsService.config_file"}
 
     def initialize(self, argv: list[str] | None = None) -> None:
-        super().initialize(argv)
-        if self.config_file:
-            self.load_config_file(self.config_file)
+        self.config_error = ""
+        super().initialize(argv)  # the command line is the hub's config: its errors are fatal
+        try:
+            if self.config_file:
+                path = Path(self.config_file)
+                config = PyFileConfigLoader(path.name, str(path.parent), log=self.log).load_config()
+                self.update_config(config)
+        except Exception as e:
+            # exiting would only make the hub restart us in a loop: run, and say what is wrong
+            self.config_error = f"{e} (the option keeps its default until the config is fixed)"
+            self.log.error("gpulab-metrics: bad configuration: %s", self.config_error)
         self.aggregate = Aggregate(
             parse_rules(self.rules), self.idle_alert, max_gap_seconds=self.max_gap_seconds
         )
+        self.aggregate.config_error = self.config_error
         self.api_url = os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
         self.api_token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab-metrics/")

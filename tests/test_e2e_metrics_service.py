@@ -127,6 +127,14 @@ def test_service_scrapes_a_real_server_and_serves_admins_only(make_hub, tmp_path
         )
         assert r.status_code == status, (status, r.text)
 
+    # an admin in a browser: the service's page sends her through the hub's OAuth login once
+    browser = hub.login("admin", hub.admin_password())
+    r = browser.get(SERVICE)
+    assert r.status_code == 200 and r.json()["service"] == "gpulab-metrics", r.text
+    r = browser.get(f"{SERVICE}api/alerts")
+    assert r.status_code == 200 and r.json()["idle_gpu_servers"][0]["user"] == "ada"
+    browser.close()
+
     # the server stops: it leaves the service's view and its alert resolves
     hub.stop_server("ada")
     wait_for(lambda: admin.get("api/servers").json()["servers"] == [])

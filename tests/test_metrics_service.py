@@ -251,7 +251,7 @@ async def test_idle_rule_fires_on_the_idle_server_only_and_lists_it_for_culling(
     for _ in range(100):  # real scrapes a little later; bounded
         await asyncio.sleep(0.1)
         await service.cycle()
-        if service.aggregate.alerts_payload()["alerts"]:
+        if len(service.aggregate.alerts_payload()["alerts"]) >= 3:  # each server has its own clock
             break
     body = service.aggregate.alerts_payload()
     firing = sorted((a["user"], a["gpu"], a["rule"], a["state"]) for a in body["alerts"])
@@ -426,3 +426,18 @@ async def test_a_server_that_never_answers_times_out_without_holding_up_the_othe
     body = {s["user"]: s for s in service.aggregate.servers_payload()["servers"]}
     assert body["ada"]["up"]
     assert not body["bob"]["up"] and "Timeout" in body["bob"]["error"]
+
+
+def test_a_bad_config_file_keeps_the_service_running_on_defaults_and_says_why(
+    tmp_path, monkeypatch
+):
+    config = tmp_path / "metrics_config.py"
+    config.write_text("c.MetricsService.rules = 'IF gpu_utilization < 5 THEN alert(\"IDLE\")'\n")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
+    service = MetricsService(config_file=str(config))
+    service.initialize([])
+    body = service.aggregate.alerts_payload()
+    assert "MetricsService.rules: line 1, column 22: missing unit after 5" in body["config_error"]
+    assert body["rules"] == [
+        'IF gpu_utilization < 5% FOR 30m THEN alert("IDLE_GPU", severity="warning")'
+    ]
