@@ -52,7 +52,7 @@ def _extension_installed() -> str | None:
     return None
 
 
-def _spawn_lab(make_hub, tmp_path: Path, page: Any) -> tuple[Any, Path]:
+def _spawn_lab(make_hub, tmp_path: Path, page: Any, source: str = "simulated") -> tuple[Any, Path]:
     """Log in and start a 1/2-GPU server on simulated devices; the hub and their figures file."""
     figures = tmp_path / "gpu-figures.json"
     _write_figures(
@@ -64,7 +64,7 @@ def _spawn_lab(make_hub, tmp_path: Path, page: Any) -> tuple[Any, Path]:
             {"pid": 777, "memory_mib": 2048, "own": False, "name": ""},
         ],
     )
-    env = {"GPULAB_MONITOR_SOURCE": "simulated", "GPULAB_SIMULATED_GPU_FILE": str(figures)}
+    env = {"GPULAB_MONITOR_SOURCE": source, "GPULAB_SIMULATED_GPU_FILE": str(figures)}
     hub = make_hub(
         "c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n"
         f"c.Spawner.environment.update({env!r})\n"
@@ -284,3 +284,21 @@ def test_monitor_panel_reconnects_after_losing_its_websocket_and_backfills_the_g
             assert time.monotonic() < deadline, f"the chart has {points} samples, the server {held}"
             page.wait_for_timeout(250)
         assert len(connections) == 2
+
+
+@pytest.mark.skipif(_missing is not None, reason=_missing or "")
+@pytest.mark.skipif(_extension_installed() is not None, reason=_extension_installed() or "")
+def test_monitor_without_a_gpu_source_says_so_in_the_panel_and_the_status_bar(make_hub, tmp_path):
+    with browser_page(tmp_path) as page:
+        _spawn_lab(make_hub, tmp_path, page, source="none")
+        page.wait_for_function(
+            "sel => document.querySelector(sel)?.textContent === 'GPU: none'", arg=STATUS
+        )
+        _open_monitor_from_palette(page)
+        panel = page.locator(MONITOR)
+        message = panel.locator("[data-testid=gpulab-source-message]")
+        assert "GPU monitoring is off" in message.inner_text()
+        assert panel.locator("[data-testid=gpulab-share-source]").inner_text() == "none"
+        assert panel.locator("[data-testid=gpulab-device]").count() == 0
+        assert panel.locator("[data-testid=gpulab-simulated-badge]").count() == 0
+        page.screenshot(path=str(ARTIFACTS / "gpu-monitor-none.png"))
