@@ -302,3 +302,28 @@ def test_monitor_without_a_gpu_source_says_so_in_the_panel_and_the_status_bar(ma
         assert panel.locator("[data-testid=gpulab-device]").count() == 0
         assert panel.locator("[data-testid=gpulab-simulated-badge]").count() == 0
         page.screenshot(path=str(ARTIFACTS / "gpu-monitor-none.png"))
+
+
+@pytest.mark.skipif(_missing is not None, reason=_missing or "")
+@pytest.mark.skipif(_extension_installed() is not None, reason=_extension_installed() or "")
+def test_refresh_rate_setting_is_the_rate_the_panel_asks_the_server_for(make_hub, tmp_path):
+    sockets: list[str] = []
+    with browser_page(tmp_path) as page:
+        page.on("websocket", lambda ws: sockets.append(ws.url))
+        hub, _ = _spawn_lab(make_hub, tmp_path, page)
+        # what the Settings Editor saves, through JupyterLab's settings API
+        r = httpx.put(
+            f"{hub.url}/user/admin/lab/api/settings/jupyterlab-gpulab:plugin",
+            json={"raw": json.dumps({"refreshRateHz": 0.5})},
+            headers={"Authorization": f"token {hub.token}"},
+            timeout=30,
+        )
+        assert r.status_code == 204, r.text
+        page.reload()
+        page.wait_for_selector(".jp-LabShell", timeout=60_000)
+        _open_monitor_from_palette(page)
+        connection = page.locator(f"{MONITOR} [data-testid=gpulab-connection][data-state=open]")
+        connection.wait_for()
+        assert connection.inner_text() == "live · 0.5 Hz"
+        monitor_sockets = [u for u in sockets if "/gpulab/monitor/ws" in u]
+        assert monitor_sockets and monitor_sockets[-1].endswith("?rate_hz=0.5"), monitor_sockets

@@ -105,6 +105,11 @@ export class MonitorModel {
     return max && max > 0 ? Math.min(wanted, max) : wanted;
   }
 
+  /** The rate the server streams at on the current connection (its hello says). */
+  get grantedRateHz(): number | null {
+    return this._connection === 'open' ? this._grantedRateHz : null;
+  }
+
   get historySeconds(): number {
     return this._options.historySeconds;
   }
@@ -181,7 +186,8 @@ export class MonitorModel {
   private _onMessage(message: StreamMessage): void {
     switch (message.type) {
       case 'hello': {
-        const { type: _type, rate_hz: _rate, ...info } = message;
+        const { type: _type, rate_hz: rate, ...info } = message;
+        this._grantedRateHz = rate;
         this._setInfo(info);
         break;
       }
@@ -289,6 +295,7 @@ export class MonitorModel {
   private _recent: IAlertEvent[] = [];
   private _connection: ConnectionState = 'closed';
   private _retryInSeconds: number | null = null;
+  private _grantedRateHz: number | null = null;
   private _error: string | null = null;
   private _changed = new Signal<this, string>(this);
   private _alertReceived = new Signal<this, IAlertEvent>(this);

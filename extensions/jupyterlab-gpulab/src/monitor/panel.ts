@@ -104,7 +104,7 @@ export class GpuMonitorPanel extends Panel {
     const retry = this._model.retryInSeconds;
     const text =
       state === 'open'
-        ? `live · ${this._model.rateHz} Hz`
+        ? `live · ${this._model.grantedRateHz ?? this._model.rateHz} Hz`
         : state === 'waiting' && retry !== null
           ? `reconnecting in ${Math.ceil(retry)} s`
           : state;
