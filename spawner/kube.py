@@ -3,7 +3,9 @@
 The shared mixin resolves the profile and checks it against the user's groups; this module maps
 the placement to the pod (resources of the configured sharing backend, node affinity, priority
 class, tolerations, annotations), keeps the allocator current from watches of the cluster, evicts
-preemptible servers for on-demand ones, and notices servers lost with their node.
+preemptible servers for on-demand ones, and notices servers lost with their node. Workspaces
+(home PVC per server, its VolumeSnapshots, restore, clone, kernel restore after a preemption or
+a lost node) come from `kube_workspace.KubeWorkspaceMixin`.
 Upstream `profile_list` keeps working unchanged: with it set, this is plain KubeSpawner.
 """
 
@@ -39,10 +41,12 @@ from gpulab.spawner.kube_state import (
     placement_annotation,
     placement_from_pod,
 )
+from gpulab.spawner.kube_workspace import NODE_LOST, PREEMPTED, KubeWorkspaceMixin
 
 
-class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
-    """One pod per server, with a whole GPU or a share of one, placed by gpulab's allocator."""
+class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
+    """One pod per server, with a whole GPU or a share of one, placed by gpulab's allocator, and
+    a home PVC that is snapshotted on every stop."""
 
     gpu_sharing = Unicode(
         "mig",
@@ -95,6 +99,19 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     def _default_grace(self) -> int:
         # long enough for the kernel-state checkpoint to be written on SIGTERM
         return 60
+
+    # workspaces: one home PVC per server (KubeSpawner's storage options, gpulab's defaults)
+    @default("pvc_name_template")
+    def _default_pvc_name_template(self) -> str:
+        return "gpulab-home-{user_server}"
+
+    @default("storage_pvc_ensure")
+    def _default_storage_pvc_ensure(self) -> bool:
+        return bool(self.checkpoints and not self.profile_list)
+
+    @default("storage_capacity")
+    def _default_storage_capacity(self) -> str:
+        return "10Gi"
 
     prestop_command = List(
         ["python3", "-m", "gpulab.spawner.prestop"],
@@ -315,17 +332,33 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             return
         profile = self.gpulab_profile or self.resolve_profile(self.user_options)
         self.gpulab_profile = profile
+        await self.apply_workspace_options()  # a restore from a snapshot, before any allocation
         await self.gpu_state()
         placement = await self._place(profile)
         self._apply_placement(profile, placement)
+        self.apply_workspace_to_pod()
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        env.update(self.workspace_env())
+        return env
+
+    def get_args(self) -> list[str]:
+        return [*super().get_args(), *self.workspace_args()]
+
+    async def get_pod_manifest(self) -> Any:
+        return self.wrap_container_command(await super().get_pod_manifest())
 
     async def _start(self) -> Any:
         try:
-            return await super()._start()
+            url = await super()._start()
         except BaseException:
             if not self.profile_list:
                 await self.gpulab_release()
             raise
+        self.workspace_started()
+        self._gpulab_running = True
+        return url
 
     # -- running, stopping, lost nodes --------------------------------------------------------
 
@@ -356,12 +389,41 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
                     if e.status != 404:
                         raise
                 await self.gpulab_release()
+                self._gpulab_running = False
+                self.workspace_interrupted(NODE_LOST)
+                await self.snapshot_workspace(label=NODE_LOST)
                 return 1
+            self._gpulab_node = node
+            self._gpulab_running = True
             if self.gpulab_placement is None:
                 self.restore_placement()
-        elif self.gpu_capacity.allocator.get(self.allocation_id) is not None:
-            await self.gpulab_release()  # the pod is gone: stopped, evicted or lost
+        else:
+            # the pod is gone: stopped, evicted (the allocator already gave its GPUs away) or lost
+            was_running, self._gpulab_running = self._gpulab_running, False
+            if self.gpu_capacity.allocator.get(self.allocation_id) is not None:
+                await self.gpulab_release()
+            if was_running and not self._stop_pending:  # a stop takes its own snapshot
+                reason = self._interruption(state)
+                await self.snapshot_workspace(label=reason or "after-exit")
         return status
+
+    #: a pod of this server ran since the last stop (so its end is worth a snapshot)
+    _gpulab_running: bool = False
+
+    def _interruption(self, state: KubeGPUState) -> str | None:
+        """Whether the server's end was a preemption or its node's failure (then its next start
+        restores the kernels by itself); None for a stop or an exit of its own."""
+        node = self._gpulab_node
+        if self.was_preempted():
+            reason = PREEMPTED
+        elif node and state.node_failed_for(node) > 0:
+            reason = NODE_LOST
+        else:
+            return None
+        self.workspace_interrupted(reason)
+        return reason
+
+    _gpulab_node: str | None = None
 
     @property
     def pod_reflector_key(self) -> str:
@@ -373,3 +435,20 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         finally:
             if not self.profile_list:
                 await self.gpulab_release()
+        self._gpulab_running = False
+        if self.workspaces_enabled:
+            # the pod is gone: a consistent snapshot of the home (KubeSpawner's poll also calls
+            # stop() for a pod whose server exited, e.g. while it was being preempted)
+            reason = self._interruption(await self.gpu_state())
+            await self.snapshot_workspace(label=reason or "on-stop")
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        state.update(self.workspace_state())
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.load_workspace_state(state)

@@ -5,16 +5,24 @@ is expressed by the cluster's sharing backend, each with its own isolation:
 - MIG: a hardware slice (`nvidia.com/mig-<g>g.<mem>gb`), the smallest profile that fits;
 - HAMi: `nvidia.com/gpu: 1` plus `nvidia.com/gpumem` (MiB) and `nvidia.com/gpucores` (%);
 - time-slicing: `nvidia.com/gpu.shared: 1` (NVIDIA device plugin's shared replicas).
+
+Workspaces: the home PVC of a server (with an optional VolumeSnapshot dataSource, which
+KubeSpawner's make_pvc lacks), VolumeSnapshots of it, their listing and retention.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from gpulab.hub.allocator import GPU, Inventory, Node
+from gpulab.spawner.checkpoint.store import human_bytes
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
@@ -261,3 +269,196 @@ def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]]) -> Inventory:
         and not node_is_tainted(n)
     ]
     return Inventory(sorted(usable, key=lambda n: n.name))
+
+
+# -- workspace volumes: home PVCs and their VolumeSnapshots --------------------------------------
+
+SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
+SNAPSHOT_VERSION = "v1"
+WORKSPACE_LABEL = "gpulab.io/workspace"
+SNAPSHOT_KIND_LABEL = "gpulab.io/snapshot-label"
+SNAPSHOT_FILES_ANNOTATION = "snapshot.gpulab.io/files"
+MAX_NAME = 253
+
+
+def workspace_id(username: str, servername: str) -> str:
+    """A label value naming one server's workspace, stable and collision-free (a hash: names
+    may be longer than a label allows or escape to the same slug)."""
+    digest = hashlib.sha256(f"{username}\0{servername}".encode()).hexdigest()[:20]
+    return f"ws-{digest}"
+
+
+def dns_name(name: str, max_length: int = MAX_NAME) -> str:
+    """`name` as a DNS subdomain object name: lowercase [a-z0-9-.], alphanumeric at both ends;
+    too long names keep their start plus a hash of the whole."""
+    cleaned = re.sub(r"[^a-z0-9.-]+", "-", name.lower()).strip("-.") or "x"
+    if len(cleaned) <= max_length:
+        return cleaned
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{cleaned[: max_length - 11].rstrip('-.')}-{digest}"
+
+
+def timestamp_slug(epoch: float) -> str:
+    """20261202t180512z: a UTC time usable in object names."""
+    return time.strftime("%Y%m%dt%H%M%Sz", time.gmtime(epoch)).lower()
+
+
+def snapshot_name(pvc_name: str, epoch: float, token: str) -> str:
+    """`<pvc>-<timestamp>-<token>`, within the object name limit."""
+    suffix = f"-{timestamp_slug(epoch)}-{token}"
+    return dns_name(pvc_name, MAX_NAME - len(suffix)) + suffix
+
+
+def volume_snapshot_manifest(
+    name: str,
+    pvc_name: str,
+    *,
+    snapshot_class: str = "",
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A snapshot.storage.k8s.io/v1 VolumeSnapshot of claim `pvc_name` (same namespace); an
+    empty class means the cluster's default VolumeSnapshotClass for the claim's driver."""
+    spec: dict[str, Any] = {"source": {"persistentVolumeClaimName": pvc_name}}
+    if snapshot_class:
+        spec["volumeSnapshotClassName"] = snapshot_class
+    return {
+        "apiVersion": f"{SNAPSHOT_GROUP}/{SNAPSHOT_VERSION}",
+        "kind": "VolumeSnapshot",
+        "metadata": {
+            "name": name,
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+        },
+        "spec": spec,
+    }
+
+
+def home_pvc_manifest(
+    name: str,
+    *,
+    storage: str,
+    storage_class: str | None = None,
+    access_modes: Iterable[str] = ("ReadWriteOnce",),
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    selector: Mapping[str, Any] | None = None,
+    from_snapshot: str | None = None,
+) -> dict[str, Any]:
+    """A PersistentVolumeClaim for a server's home, like KubeSpawner's make_pvc (same fields:
+    storage class, access modes, selector, size), plus an optional VolumeSnapshot to start from
+    (`spec.dataSource`; the snapshot must be in the claim's namespace and ready to use)."""
+    spec: dict[str, Any] = {
+        "accessModes": list(access_modes),
+        "resources": {"requests": {"storage": storage}},
+    }
+    ann = dict(annotations or {})
+    if storage_class is not None:
+        spec["storageClassName"] = storage_class
+        ann["volume.beta.kubernetes.io/storage-class"] = storage_class
+    if selector:
+        spec["selector"] = dict(selector)
+    if from_snapshot:
+        spec["dataSource"] = {
+            "apiGroup": SNAPSHOT_GROUP,
+            "kind": "VolumeSnapshot",
+            "name": from_snapshot,
+        }
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "labels": dict(labels or {}), "annotations": ann},
+        "spec": spec,
+    }
+
+
+_QUANTITY_FACTORS = {
+    "Ki": 1024,
+    "Mi": 1024**2,
+    "Gi": 1024**3,
+    "Ti": 1024**4,
+    "Pi": 1024**5,
+    "Ei": 1024**6,
+    "k": 1000,
+    "K": 1000,
+    "M": 1000**2,
+    "G": 1000**3,
+    "T": 1000**4,
+    "P": 1000**5,
+    "E": 1000**6,
+}
+
+
+def quantity_bytes(value: Any) -> int | None:
+    """A Kubernetes quantity ('1Gi', '12345', 5e3) in bytes; None when absent or malformed."""
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    for suffix in sorted(_QUANTITY_FACTORS, key=len, reverse=True):
+        if text.endswith(suffix):
+            number, factor = text[: -len(suffix)], _QUANTITY_FACTORS[suffix]
+            break
+    else:
+        number, factor = text, 1
+    try:
+        return int(float(number) * factor)
+    except ValueError:
+        return None
+
+
+def parse_time(value: Any) -> float | None:
+    """RFC 3339 ('2026-12-02T18:05:12Z', fractions and offsets too) -> epoch seconds."""
+    if not value:
+        return None
+    text = str(value).replace("Z", "+00:00")
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def snapshot_listing(vs: Mapping[str, Any]) -> dict[str, Any]:
+    """A VolumeSnapshot as the hub lists workspace snapshots: id (its name), label (why it was
+    taken), created (epoch seconds), files and bytes (None where the driver does not say), size,
+    ready, pvc."""
+    meta, status = vs.get("metadata") or {}, vs.get("status") or {}
+    created = parse_time(status.get("creationTime")) or parse_time(meta.get("creationTimestamp"))
+    files = (meta.get("annotations") or {}).get(SNAPSHOT_FILES_ANNOTATION)
+    size = quantity_bytes(status.get("restoreSize"))
+    return {
+        "id": meta.get("name", ""),
+        "label": (meta.get("labels") or {}).get(SNAPSHOT_KIND_LABEL, ""),
+        "created": created or 0.0,
+        "files": int(files) if files and str(files).isdigit() else None,
+        "bytes": size,
+        "size": human_bytes(size) if size is not None else "",
+        "ready": bool(status.get("readyToUse")),
+        "error": (status.get("error") or {}).get("message"),
+        "pvc": ((vs.get("spec") or {}).get("source") or {}).get("persistentVolumeClaimName"),
+    }
+
+
+def snapshots_to_delete(
+    listings: Iterable[Mapping[str, Any]],
+    *,
+    keep_last: int,
+    keep_daily: int,
+    now: float | None = None,
+) -> list[str]:
+    """Retention like the local backend's: keep the newest `keep_last` snapshots plus the newest
+    of each of the last `keep_daily` UTC days (today included); the ids of the rest."""
+    if keep_last < 0 or keep_daily < 0:
+        raise ValueError(f"keep_last={keep_last} and keep_daily={keep_daily} must be >= 0")
+    snaps = sorted(listings, key=lambda s: (float(s["created"]), str(s["id"])))
+    keep = {str(s["id"]) for s in snaps[max(0, len(snaps) - keep_last) :]} if keep_last else set()
+    today = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).date()
+    newest_per_day: dict[Any, Mapping[str, Any]] = {}
+    for s in snaps:
+        newest_per_day[datetime.fromtimestamp(float(s["created"]), timezone.utc).date()] = s
+    for day, s in newest_per_day.items():
+        if 0 <= (today - day).days < keep_daily:
+            keep.add(str(s["id"]))
+    return [str(s["id"]) for s in snaps if str(s["id"]) not in keep]

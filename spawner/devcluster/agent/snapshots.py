@@ -279,7 +279,8 @@ def _remove_tree(path: Path) -> None:
 
 
 def _rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # with microseconds: snapshots taken within one second still sort in order
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class SnapshotController:

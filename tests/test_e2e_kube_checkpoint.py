@@ -1,0 +1,258 @@
+"""Workspaces of GPUKubeSpawner in a real hub on the real dev cluster: a home PVC per server,
+kernel variables that come back (asked for, or by themselves after a preemption), VolumeSnapshots
+listed, restored and cloned through the hub's REST API.
+
+Pods run as processes of this machine's Python environment (the node agent ignores images), so
+the kernels load gpulab's real checkpoint extension from the home the pod prepared itself."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+from gpulab.spawner.devcluster import DevCluster, Timing, ensure_binaries
+from tests.hubtools import Hub, run_in_kernel
+from tests.test_e2e_kube import NODES, OVERLAY, _pod_of, _pods, _wait
+
+pytestmark = [pytest.mark.e2e, pytest.mark.kube]
+
+WORKSPACE_OVERLAY = (
+    OVERLAY
+    + f"""
+c.GPUKubeSpawner.workspace_prepare_command = [{sys.executable!r}, '-m', 'gpulab.spawner.checkpoint.prepare']
+c.GPUKubeSpawner.snapshot_timeout_seconds = 60
+"""
+)
+
+SET_VARIABLES = """
+import os, sys
+losses = [0.9, 0.5, 0.25]
+config = {"lr": 3e-4, "layers": 12}
+site = [p for p in os.environ["PYTHONPATH"].split(os.pathsep) if p.startswith(os.environ["HOME"])][0]
+os.makedirs(site, exist_ok=True)
+with open(os.path.join(site, "gpulab_probe_pkg.py"), "w") as f:  # what `pip install` leaves
+    f.write("VERSION = '1.2.3'\\n")
+with open(os.path.expanduser("~/notes.txt"), "w") as f:
+    f.write("epoch 7\\n")
+print("HOME", os.environ["HOME"], os.getcwd())
+"""
+
+READ_VARIABLES = "print('losses', losses, 'config', config)"
+
+
+def _snapshots(hub: Hub, user: str) -> list[dict]:
+    r = hub.api("GET", f"/gpulab/users/{user}/snapshots")
+    assert r.status_code == 200, r.text
+    return r.json()["snapshots"]
+
+
+def _claim_of(pod: dict) -> str:
+    (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "gpulab-home"]
+    return vol["persistentVolumeClaim"]["claimName"]
+
+
+def _env_of(pod: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def _pvc_exists(cluster: DevCluster, name: str) -> bool:
+    try:
+        cluster.api("GET", f"/api/v1/namespaces/default/persistentvolumeclaims/{name}")
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return False
+        raise
+    return True
+
+
+async def _start_kernel(hub: Hub, user: str, code: str, timeout: float = 60) -> str:
+    """Run `code` in a new kernel of the user's server and leave the kernel running."""
+    base = f"{hub.url}/user/{user}/"
+    headers = {"Authorization": f"token {hub.token}"}
+    async with httpx.AsyncClient(headers=headers, timeout=timeout) as client:
+        r = await client.post(f"{base}api/kernels", json={"name": "python3"})
+        assert r.status_code == 201, r.text
+        kernel_id = r.json()["id"]
+    ws = await websocket_connect(
+        HTTPRequest(
+            base.replace("http://", "ws://") + f"api/kernels/{kernel_id}/channels",
+            headers=headers,
+            connect_timeout=timeout,
+        )
+    )
+    msg_id = uuid.uuid4().hex
+    header = {"msg_id": msg_id, "msg_type": "execute_request", "username": user}
+    header.update(session=uuid.uuid4().hex, version="5.3")
+    content = {"code": code, "silent": False, "store_history": False}
+    content.update(user_expressions={}, allow_stdin=False)
+    ws.write_message(
+        json.dumps(
+            {"header": header, "parent_header": {}, "metadata": {}, "content": content}
+            | {"channel": "shell"}
+        )
+    )
+    out: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        raw = await ws.read_message()
+        if raw is None:
+            break
+        msg = json.loads(raw)
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            raise AssertionError("kernel error: " + "\n".join(msg["content"]["traceback"]))
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    ws.close()
+    return "".join(out)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    ensure_binaries()  # cached after the first build on this machine
+    c = DevCluster(tmp_path_factory.mktemp("gk-ws-cluster"), timing=Timing.fast())
+    try:
+        c.up(nodes=NODES, timeout=240)
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture
+def ws_hub(make_hub, cluster: DevCluster) -> Hub:
+    return make_hub(WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
+
+
+async def test_kernel_variables_files_and_packages_survive_a_restart_of_a_kube_server(
+    ws_hub, cluster
+):
+    hub = ws_hub
+    hub.create_user("ada")
+    model = hub.start_server("ada", profile="cpu")
+    assert model["state"]["pvc_name"] == "gpulab-home-ada"
+    pod = _pod_of(cluster, "ada")
+    assert _claim_of(pod) == "gpulab-home-ada"
+    container = pod["spec"]["containers"][0]
+    assert container["args"][1:5] == [
+        "-m",
+        "gpulab.spawner.checkpoint.prepare",
+        "--home",
+        "/home/jovyan",
+    ]
+    assert {"name": "gpulab-home", "mountPath": "/home/jovyan"} in container["volumeMounts"]
+    env = _env_of(pod)
+    assert env["HOME"] == "/home/jovyan"
+    assert env["GPULAB_CHECKPOINT_DIR"] == "/home/jovyan/.gpulab/checkpoints/default"
+    assert env["GPULAB_CHECKPOINT_USER"] == "ada" and len(env["GPULAB_CHECKPOINT_KEY"]) == 64
+    assert "GPULAB_AUTO_RESTORE" not in env
+
+    out = await run_in_kernel(hub, "ada", SET_VARIABLES)
+    assert "HOME /home/jovyan /home/jovyan" in out
+    hub.stop_server("ada")
+    (on_stop,) = _snapshots(hub, "ada")
+    assert on_stop["label"] == "on-stop" and on_stop["files"] >= 3 and on_stop["bytes"] > 0
+
+    hub.start_server("ada", profile="cpu")
+    assert _claim_of(_pod_of(cluster, "ada")) == "gpulab-home-ada"  # the same home again
+    out = await run_in_kernel(
+        hub,
+        "ada",
+        "%gpulab_restore\n"
+        "import gpulab_probe_pkg, os\n"
+        "print('pkg', gpulab_probe_pkg.VERSION, open(os.path.expanduser('~/notes.txt')).read())\n"
+        + READ_VARIABLES,
+    )
+    assert "pkg 1.2.3 epoch 7" in out
+    assert "losses [0.9, 0.5, 0.25] config {'lr': 0.0003, 'layers': 12}" in out
+    hub.stop_server("ada")
+    assert [s["label"] for s in _snapshots(hub, "ada")] == ["on-stop", "on-stop"]
+
+
+async def test_a_preempted_server_gets_its_kernel_variables_back_by_itself(ws_hub, cluster):
+    hub = ws_hub
+    hub.create_user("spot")
+    hub.create_user("dora")
+    hub.start_server("spot", profile="a100-spot-8")
+    out = await _start_kernel(
+        hub, "spot", "losses = [0.9, 0.5, 0.25]\nconfig = {'lr': 3e-4}\nprint('set')"
+    )
+    assert "set" in out
+
+    hub.start_server("dora", profile="a100-1")  # on demand: evicts spot's preemptible server
+    _wait("the preempted server to be gone", lambda: hub.server_model("spot") is None, 60)
+    labels = [s["label"] for s in _snapshots(hub, "spot")]
+    assert labels == ["preempted"]
+    hub.stop_server("dora")
+
+    hub.start_server("spot", profile="a100-spot-8")
+    assert _env_of(_pod_of(cluster, "spot"))["GPULAB_AUTO_RESTORE"] == "1"
+    out = await run_in_kernel(hub, "spot", "print('losses', losses, 'config', config)")
+    assert "losses [0.9, 0.5, 0.25] config {'lr': 0.0003}" in out
+    hub.stop_server("spot")
+    # once: the next start asks again
+    hub.start_server("spot", profile="a100-spot-8")
+    assert "GPULAB_AUTO_RESTORE" not in _env_of(_pod_of(cluster, "spot"))
+    hub.stop_server("spot")
+
+
+async def test_snapshots_are_listed_restored_and_cloned_over_the_rest_api(ws_hub, cluster):
+    hub = ws_hub
+    hub.create_user("cleo")
+    hub.create_user("eve")
+    url = "/gpulab/users/cleo/snapshots"
+    hub.start_server("cleo", profile="cpu")
+    await run_in_kernel(hub, "cleo", "open('/home/jovyan/data.csv', 'w').write('a,b\\n1,2\\n')")
+    hub.stop_server("cleo")
+    hub.start_server("cleo", profile="cpu")
+    await run_in_kernel(hub, "cleo", "import os; os.remove('/home/jovyan/data.csv')")
+    r = hub.api("POST", url)  # on demand, while it runs
+    assert r.status_code == 201 and r.json()["label"] == "on-demand", r.text
+    listing = _snapshots(hub, "cleo")
+    good = listing[-1]
+    assert [s["label"] for s in listing] == ["on-demand", "on-stop"]
+    r = hub.api("POST", f"{url}/{good['id']}/restore")
+    assert r.status_code == 409 and "Stop server cleo/" in r.json()["message"]
+    hub.stop_server("cleo")
+
+    token = hub.api("POST", "/users/eve/tokens", json={"note": "test"}).json()["token"]
+    eve = {"Authorization": f"token {token}"}
+    assert hub.client.get(url, headers=eve).status_code == 403
+    assert hub.client.post(f"{url}/{good['id']}/restore", headers=eve).status_code == 403
+    assert hub.api("POST", f"{url}/no-such-snapshot/restore").status_code == 404
+
+    r = hub.api("POST", f"{url}/{good['id']}/restore")
+    assert r.status_code == 200, r.text
+    assert r.json()["restored"] == good["id"] and r.json()["before_restore"]
+    assert not _pvc_exists(cluster, "gpulab-home-cleo")  # replaced by the restored claim
+    hub.start_server("cleo", profile="cpu")
+    claim = _claim_of(_pod_of(cluster, "cleo"))
+    assert claim.startswith("gpulab-home-cleo-")
+    assert hub.server_model("cleo")["state"]["pvc_name"] == claim
+    out = await run_in_kernel(hub, "cleo", "print(open('/home/jovyan/data.csv').read())")
+    assert "a,b\n1,2" in out
+    hub.stop_server("cleo")
+    labels = [s["label"] for s in _snapshots(hub, "cleo")]
+    assert labels[:2] == ["on-stop", "before-restore"]
+
+    r = hub.api("POST", f"{url}/{good['id']}/clone", json={"name": "exp"})
+    assert r.status_code == 201, r.text
+    hub.start_server("cleo", "exp")
+    (exp_pod,) = [p for p in _pods(cluster) if p["metadata"]["name"].endswith("cleo--exp")]
+    assert _claim_of(exp_pod) == "gpulab-home-cleo--exp"
+    out = await run_in_kernel(
+        hub, "cleo", "print(open('/home/jovyan/data.csv').read())", server="exp"
+    )
+    assert "a,b\n1,2" in out
+    hub.stop_server("cleo", "exp")
