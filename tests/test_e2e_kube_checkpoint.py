@@ -13,6 +13,7 @@ import time
 import urllib.error
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -163,6 +164,9 @@ async def test_kernel_variables_files_and_packages_survive_a_restart_of_a_kube_s
     hub.stop_server("ada")
     (on_stop,) = _snapshots(hub, "ada")
     assert on_stop["label"] == "on-stop" and on_stop["files"] >= 3 and on_stop["bytes"] > 0
+    # the hub reads the kernel checkpoint in the volume (a hostPath PV here) for its offer
+    kernels = hub.api("GET", "/gpulab/users/ada/snapshots").json()["kernels"]
+    assert [k["notebook"] for k in kernels] == ["default"] and kernels[0]["variables"] >= 2
 
     hub.start_server("ada", profile="cpu")
     assert _claim_of(_pod_of(cluster, "ada")) == "gpulab-home-ada"  # the same home again
@@ -256,3 +260,36 @@ async def test_snapshots_are_listed_restored_and_cloned_over_the_rest_api(ws_hub
     )
     assert "a,b\n1,2" in out
     hub.stop_server("cleo", "exp")
+
+
+def _volume_dir(cluster: DevCluster, claim: str) -> Path:
+    pvc = cluster.api("GET", f"/api/v1/namespaces/default/persistentvolumeclaims/{claim}")
+    pv = cluster.api("GET", f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
+    return Path(pv["spec"]["hostPath"]["path"])
+
+
+async def test_a_server_lost_with_its_node_gets_its_kernel_variables_back_by_itself(
+    ws_hub, cluster
+):
+    hub = ws_hub
+    hub.create_user("tess")
+    hub.start_server("tess", profile="t4-1")
+    assert _pod_of(cluster, "tess")["spec"]["nodeName"] == "gk-t4"
+    await _start_kernel(hub, "tess", "weights = {'w': [1, 2, 3]}\nprint('set')")
+    # the kernel saves after each cell; the node's failure kills it without a chance to save
+    manifest = _volume_dir(cluster, "gpulab-home-tess") / ".gpulab/checkpoints/default/default"
+    _wait("the kernel's checkpoint", lambda: (manifest / "manifest.json").exists(), 30)
+    cluster.stop_node("gk-t4")
+    try:
+        _wait(
+            "the hub to notice tess's server is lost", lambda: hub.server_model("tess") is None, 120
+        )
+        assert [s["label"] for s in _snapshots(hub, "tess")] == ["node-lost"]
+    finally:
+        cluster.start_node("gk-t4")
+        _wait("gk-t4 Ready again", lambda: hub.capacity()["t4-1"]["free"] == 1, 120)
+    hub.start_server("tess", profile="t4-1")
+    assert _env_of(_pod_of(cluster, "tess"))["GPULAB_AUTO_RESTORE"] == "1"
+    out = await run_in_kernel(hub, "tess", "print('weights', weights)")
+    assert "weights {'w': [1, 2, 3]}" in out
+    hub.stop_server("tess")

@@ -6,12 +6,20 @@ import pytest
 
 from gpulab.spawner.kube_resources import (
     KubeProfileError,
+    dns_name,
     gpu_spec,
+    home_pvc_manifest,
     inventory_from_nodes,
     mig_profile_for,
     node_from_k8s,
+    quantity_bytes,
     related_pod_affinity,
     safe_label_value,
+    snapshot_listing,
+    snapshot_name,
+    snapshots_to_delete,
+    volume_snapshot_manifest,
+    workspace_id,
 )
 
 A100 = 81920
@@ -134,3 +142,73 @@ def test_related_pods_prefer_one_rack_then_one_zone():
     assert rack["podAffinityTerm"]["labelSelector"]["matchExpressions"][0]["values"] == ["alice"]
     assert safe_label_value("bob@example.org/") == "bob-example.org"
     assert len(safe_label_value("x" * 100)) == 63
+
+
+# -- workspace volumes ---------------------------------------------------------------------------
+
+DAY = 86400.0
+NOW = 1_780_000_000.0  # 2026-05-28
+
+
+def test_home_pvc_from_a_snapshot_names_it_as_data_source():
+    pvc = home_pvc_manifest(
+        "gpulab-home-ada-r1",
+        storage="10Gi",
+        storage_class="gpulab-local",
+        labels={"gpulab.io/workspace": "ws-1"},
+        from_snapshot="gpulab-home-ada-20261202t180512z-abc123",
+    )
+    assert pvc["spec"]["dataSource"] == {
+        "apiGroup": "snapshot.storage.k8s.io",
+        "kind": "VolumeSnapshot",
+        "name": "gpulab-home-ada-20261202t180512z-abc123",
+    }
+    assert pvc["spec"]["storageClassName"] == "gpulab-local"
+    assert pvc["spec"]["resources"] == {"requests": {"storage": "10Gi"}}
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    plain = home_pvc_manifest("gpulab-home-ada", storage="1Gi")
+    assert "dataSource" not in plain["spec"] and "storageClassName" not in plain["spec"]
+
+
+def test_snapshot_names_are_valid_object_names_even_for_long_claims():
+    name = snapshot_name("gpulab-home-" + "x" * 300, NOW, "abc123")
+    assert len(name) <= 253 and name.endswith("-20260528t202640z-abc123")
+    assert name == name.lower() and name[0].isalnum()
+    assert dns_name("Alice_Smith--Exp.1") == "alice-smith--exp.1"
+    assert workspace_id("ada", "") != workspace_id("ada", "exp")
+    assert len(workspace_id("a" * 200, "b" * 200)) <= 63
+
+
+def test_volume_snapshot_manifest_and_its_listing():
+    vs = volume_snapshot_manifest(
+        "snap-1", "gpulab-home-ada", labels={"gpulab.io/snapshot-label": "on-stop"}
+    )
+    assert vs["spec"] == {"source": {"persistentVolumeClaimName": "gpulab-home-ada"}}
+    assert "volumeSnapshotClassName" not in vs["spec"]  # the cluster's default class
+    vs["metadata"]["annotations"]["snapshot.gpulab.io/files"] = "12"
+    vs["status"] = {
+        "readyToUse": True,
+        "restoreSize": "2Ki",
+        "creationTime": "2026-12-02T18:05:12.250000Z",
+    }
+    listing = snapshot_listing(vs)
+    assert listing["id"] == "snap-1" and listing["label"] == "on-stop"
+    assert listing["files"] == 12 and listing["bytes"] == 2048 and listing["size"] == "2.0 kB"
+    assert listing["ready"] is True and listing["pvc"] == "gpulab-home-ada"
+    assert listing["created"] == pytest.approx(1796234712.25)
+    assert quantity_bytes("1Gi") == 1024**3 and quantity_bytes(5000) == 5000
+    assert quantity_bytes("") is None and quantity_bytes("lots") is None
+
+
+def test_retention_keeps_the_newest_and_one_per_recent_day():
+    snaps = [
+        {"id": f"d{d}-{i}", "created": NOW - d * DAY - i * 60} for d in range(10) for i in range(3)
+    ]
+    doomed = set(snapshots_to_delete(snaps, keep_last=2, keep_daily=3, now=NOW))
+    kept = {s["id"] for s in snaps} - doomed
+    assert kept == {"d0-0", "d0-1", "d1-0", "d2-0"}
+    assert snapshots_to_delete(snaps, keep_last=0, keep_daily=0, now=NOW) == sorted(
+        (s["id"] for s in snaps), key=lambda i: {s["id"]: s["created"] for s in snaps}[i]
+    )
+    with pytest.raises(ValueError):
+        snapshots_to_delete(snaps, keep_last=-1, keep_daily=0)

@@ -26,10 +26,11 @@ CONTAINER_KEYS = ("PATH", "PYTHONPATH", "PIP_PREFIX", "PIP_USER")
 
 
 def container_env(home: Path, environ: dict[str, str]) -> dict[str, str]:
-    """`environ` completed for a server whose workspace is `home`: the interpreter-dependent
-    variables recomputed here, the others only where the spawner set none."""
+    """`environ` completed for a server whose workspace is `home`: HOME and the
+    interpreter-dependent variables recomputed here, the others only where the spawner set none."""
     computed = persistent_env(home, base_env=environ)
     env = dict(environ)
+    env["HOME"] = str(home)
     for key, value in computed.items():
         if key in CONTAINER_KEYS:
             env[key] = value
