@@ -261,6 +261,17 @@ async def test_snapshots_are_listed_restored_and_cloned_over_the_rest_api(ws_hub
     assert "a,b\n1,2" in out
     hub.stop_server("cleo", "exp")
 
+    # the picker's one-shot choice: start from a snapshot (the on-demand one lacks the file)
+    on_demand = next(s for s in _snapshots(hub, "cleo") if s["label"] == "on-demand")
+    r = hub.spawn("cleo", profile="cpu", restore_snapshot=on_demand["id"])
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("cleo")
+    out = await run_in_kernel(hub, "cleo", "import os; print('has', os.path.exists('data.csv'))")
+    assert "has False" in out
+    hub.stop_server("cleo")
+    r = hub.spawn("cleo", profile="cpu", restore_snapshot="no-such-snapshot")
+    assert r.status_code == 400 and "No snapshot 'no-such-snapshot'" in r.json()["message"]
+
 
 def _volume_dir(cluster: DevCluster, claim: str) -> Path:
     pvc = cluster.api("GET", f"/api/v1/namespaces/default/persistentvolumeclaims/{claim}")
