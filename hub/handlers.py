@@ -118,7 +118,7 @@ class WorkspaceRestoreAPIHandler(_WorkspaceHandler):
     async def post(self, username: str, *rest: str) -> None:
         server, snapshot_id = _server_and_snapshot(rest)
         spawner = self._spawner_for(username, server)
-        self.write(await workspace_actions.restore(spawner, snapshot_id))
+        self.write(await workspace_actions.restore(self, spawner, snapshot_id))
 
 
 class WorkspaceCloneAPIHandler(_WorkspaceHandler):

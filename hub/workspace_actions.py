@@ -31,7 +31,7 @@ def workspace_spawner(handler: Any, username: str, server: str) -> Any:
     return spawner
 
 
-async def restore(spawner: Any, snapshot_id: str) -> dict[str, Any]:
+async def restore(handler: Any, spawner: Any, snapshot_id: str) -> dict[str, Any]:
     label = f"{spawner.user.name}/{spawner.name}"
     if spawner.active:
         raise web.HTTPError(409, f"Stop server {label} before restoring its workspace")
@@ -39,6 +39,9 @@ async def restore(spawner: Any, snapshot_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await spawner.restore_workspace(snapshot_id)
     except KeyError:
         raise web.HTTPError(404, f"No snapshot {snapshot_id!r} for {label}") from None
+    # a restore may change what the spawner remembers (Kubernetes: the home PVC's name)
+    spawner.orm_spawner.state = spawner.get_state()
+    handler.db.commit()
     return result
 
 

@@ -142,7 +142,7 @@ class WorkspacesPageHandler(BaseHandler):
             spawner = workspace_actions.workspace_spawner(self, owner, server)
             label = server or "default server"
             if action == "restore":
-                await workspace_actions.restore(spawner, snapshot_id)
+                await workspace_actions.restore(self, spawner, snapshot_id)
                 query["done"] = f"Restored {label} to its snapshot of {snapshot_id}."
             elif action == "snapshot":
                 await workspace_actions.take_snapshot(spawner)

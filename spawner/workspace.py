@@ -7,9 +7,7 @@ A mixin of the local spawners; the pieces themselves live in `gpulab.spawner.che
 from __future__ import annotations
 
 import asyncio
-import os
 import pwd
-import secrets
 from pathlib import Path
 
 from tornado import web
@@ -19,6 +17,7 @@ from traitlets.config import Configurable
 from gpulab.spawner.checkpoint import derive_user_key
 from gpulab.spawner.checkpoint import snapshots as snaps
 from gpulab.spawner.checkpoint.environment import persistent_env, prepare_home, server_args
+from gpulab.spawner.checkpoint.secret import load_or_create_secret
 from gpulab.spawner.checkpoint.store import human_bytes, list_checkpoints
 
 
@@ -85,12 +84,7 @@ class LocalWorkspaceMixin(Configurable):
         return server_dir_name(self.name if self.workspace_name is None else self.workspace_name)
 
     def _checkpoint_secret(self) -> bytes:
-        path = Path(self.checkpoint_secret_file)
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
-        return path.read_bytes()
+        return load_or_create_secret(self.checkpoint_secret_file)
 
     def workspace_home_dir(self) -> Path:
         """The server's home: the single-account spawner's home_dir, else the user's account's."""
