@@ -338,8 +338,8 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
         self._apply_placement(profile, placement)
         self.apply_workspace_to_pod()
 
-    def get_env(self) -> dict[str, str]:
-        env = super().get_env()
+    def get_env(self) -> dict[str, Any]:
+        env: dict[str, Any] = super().get_env()
         env.update(self.workspace_env())
         return env
 
@@ -347,6 +347,7 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
         return [*super().get_args(), *self.workspace_args()]
 
     async def get_pod_manifest(self) -> Any:
+        await self.ensure_checkpoint_key_secret()  # after KubeSpawner ensured the namespace
         return self.wrap_container_command(await super().get_pod_manifest())
 
     async def _start(self) -> Any:
@@ -358,6 +359,7 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
             raise
         self.workspace_started()
         self._gpulab_running = True
+        self.start_snapshot_schedule()
         return url
 
     # -- running, stopping, lost nodes --------------------------------------------------------
@@ -390,6 +392,7 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
                         raise
                 await self.gpulab_release()
                 self._gpulab_running = False
+                self.stop_snapshot_schedule()
                 self.workspace_interrupted(NODE_LOST)
                 await self.snapshot_workspace(label=NODE_LOST)
                 return 1
@@ -397,8 +400,11 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
             self._gpulab_running = True
             if self.gpulab_placement is None:
                 self.restore_placement()
+            if not self.snapshot_schedule_running:  # e.g. found running after a hub restart
+                self.start_snapshot_schedule()
         else:
             # the pod is gone: stopped, evicted (the allocator already gave its GPUs away) or lost
+            self.stop_snapshot_schedule()
             was_running, self._gpulab_running = self._gpulab_running, False
             if self.gpu_capacity.allocator.get(self.allocation_id) is not None:
                 await self.gpulab_release()
@@ -430,6 +436,7 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
         return f"{self.namespace}/{self.pod_name}"
 
     async def stop(self, now: bool = False) -> None:
+        self.stop_snapshot_schedule()
         try:
             await super().stop(now=now)
         finally:

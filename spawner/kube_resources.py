@@ -12,6 +12,7 @@ KubeSpawner's make_pvc lacks), VolumeSnapshots of it, their listing and retentio
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import re
@@ -277,6 +278,8 @@ SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 SNAPSHOT_VERSION = "v1"
 WORKSPACE_LABEL = "gpulab.io/workspace"
 SNAPSHOT_KIND_LABEL = "gpulab.io/snapshot-label"
+#: the field of the checkpoint key Secret that holds the key (hex)
+CHECKPOINT_KEY_FIELD = "key"
 SNAPSHOT_FILES_ANNOTATION = "snapshot.gpulab.io/files"
 MAX_NAME = 253
 
@@ -331,6 +334,20 @@ def volume_snapshot_manifest(
             "annotations": dict(annotations or {}),
         },
         "spec": spec,
+    }
+
+
+def checkpoint_key_secret_manifest(
+    name: str, key_hex: str, *, labels: Mapping[str, str], annotations: Mapping[str, str]
+) -> dict[str, Any]:
+    """The Secret that carries a user's checkpoint signing key into their pods (`secretKeyRef`),
+    so that the key is not readable by anyone who may read pod specs."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": name, "labels": dict(labels), "annotations": dict(annotations)},
+        "data": {CHECKPOINT_KEY_FIELD: base64.b64encode(key_hex.encode()).decode()},
     }
 
 

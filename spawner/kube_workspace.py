@@ -6,11 +6,13 @@ The Kubernetes half of what `workspace.LocalWorkspaceMixin` does on one machine:
   `pvc_name_template` = `gpulab-home-{user_server}`), mounted at `workspace_home`; its name is
   kept in the spawner's state, so a restarted hub or a changed template still finds it;
 - the pod gets the local backend's workspace environment (`persistent_env`: HOME, the package
-  and environment locations, the kernel checkpoint directory, the user's signing key) and its
-  command starts with `python3 -m gpulab.spawner.checkpoint.prepare`, which prepares the home
-  inside the container (the hub cannot write into the volume) and execs the server;
-- every stop takes a VolumeSnapshot of the PVC (`<pvc>-<time>-<token>`, labelled with the
-  workspace), retention as on the local backend; snapshots are listed, restored (a new PVC with
+  and environment locations, the kernel checkpoint directory; the user's signing key through a
+  `secretKeyRef` to a Secret per user, so pod readers do not see it) and its command starts
+  with `python3 -m gpulab.spawner.checkpoint.prepare`, which prepares the home inside the
+  container (the hub cannot write into the volume) and execs the server;
+- every stop, and every `snapshot_interval_seconds` while the server runs, takes a
+  VolumeSnapshot of the PVC (`<pvc>-<time>-<token>`, labelled with the workspace), retention as
+  on the local backend; snapshots are listed, restored (a new PVC with
   the snapshot as its `dataSource`, the current one kept as a 'before-restore' snapshot and then
   deleted) and cloned into a new named server's PVC;
 - a server stopped by a preemption or the loss of its node restores its kernels' variables
@@ -33,18 +35,20 @@ from kubernetes_asyncio.client import CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 from tornado import web
 from traitlets import Bool, Float, Integer, List, Unicode, default
-from traitlets.config import Configurable
 
 from gpulab.spawner.checkpoint import derive_user_key
 from gpulab.spawner.checkpoint.environment import persistent_env, server_args
 from gpulab.spawner.checkpoint.prepare import CONTAINER_KEYS
 from gpulab.spawner.checkpoint.secret import load_or_create_secret
+from gpulab.spawner.checkpoint.signing import key_to_env
 from gpulab.spawner.checkpoint.store import list_checkpoints
 from gpulab.spawner.kube_resources import (
+    CHECKPOINT_KEY_FIELD,
     SNAPSHOT_GROUP,
     SNAPSHOT_KIND_LABEL,
     SNAPSHOT_VERSION,
     WORKSPACE_LABEL,
+    checkpoint_key_secret_manifest,
     dns_name,
     home_pvc_manifest,
     snapshot_listing,
@@ -54,9 +58,11 @@ from gpulab.spawner.kube_resources import (
     volume_snapshot_manifest,
     workspace_id,
 )
+from gpulab.spawner.snapshot_schedule import SCHEDULED, SnapshotScheduleMixin
 
 HOME_VOLUME = "gpulab-home"
 PREEMPTED, NODE_LOST = "preempted", "node-lost"
+KEY_ENV = "GPULAB_CHECKPOINT_KEY"
 
 
 class WorkspaceTimeout(web.HTTPError):
@@ -64,7 +70,7 @@ class WorkspaceTimeout(web.HTTPError):
         super().__init__(503, message)
 
 
-class KubeWorkspaceMixin(Configurable):
+class KubeWorkspaceMixin(SnapshotScheduleMixin):
     """Home PVC, workspace environment, VolumeSnapshots, restore and clone for GPUKubeSpawner."""
 
     checkpoints = Bool(
@@ -94,6 +100,13 @@ class KubeWorkspaceMixin(Configurable):
         help="""File holding the hub secret that per-user checkpoint keys are derived from
         (created with 32 random bytes, mode 0600, on first use; relative to the hub's directory).
         The local spawners use the same file by default, so a user's key is the same on both.""",
+    )
+    checkpoint_key_secret_name_template = Unicode(
+        "gpulab-checkpoint-key-{username}",
+        config=True,
+        help="""Name of the Secret, one per user in the server's namespace, that carries the
+        user's checkpoint signing key into their pods (`secretKeyRef`: the key never appears
+        in a pod spec). The usual KubeSpawner fields expand ({username}, {user_server}, ...).""",
     )
     checkpoint_grace_seconds = Integer(
         config=True,
@@ -163,20 +176,57 @@ class KubeWorkspaceMixin(Configurable):
 
     # -- the pod --------------------------------------------------------------------------------
 
-    def workspace_env(self) -> dict[str, str]:
+    def workspace_env(self) -> dict[str, Any]:
         """The server's workspace environment, less what depends on the container's Python
-        (PATH, PYTHONPATH, PIP_*), which the prepare step adds inside the pod."""
+        (PATH, PYTHONPATH, PIP_*), which the prepare step adds inside the pod. The signing key
+        comes from the user's Secret (`ensure_checkpoint_key_secret`), not from the pod spec."""
         if not self.workspaces_enabled:
             return {}
-        env = persistent_env(
+        env: dict[str, Any] = persistent_env(
             Path(self.workspace_home),
             server=self.workspace_dir_name,
             base_env={},
-            key=self._user_key(),
             user=self.user.name,
             auto_restore=self.workspace_auto_restore,
         )
-        return {k: v for k, v in env.items() if k not in CONTAINER_KEYS}
+        env = {k: v for k, v in env.items() if k not in CONTAINER_KEYS}
+        env[KEY_ENV] = {
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": self.checkpoint_key_secret_name(),
+                    "key": CHECKPOINT_KEY_FIELD,
+                }
+            }
+        }
+        return env
+
+    def checkpoint_key_secret_name(self) -> str:
+        return dns_name(self._expand_user_properties(self.checkpoint_key_secret_name_template))
+
+    async def ensure_checkpoint_key_secret(self) -> None:
+        """Create the user's key Secret, or bring it up to date (a new hub secret file)."""
+        if not self.workspaces_enabled:
+            return
+        name = self.checkpoint_key_secret_name()
+        body = checkpoint_key_secret_manifest(
+            name,
+            key_to_env(self._user_key()),
+            labels={**self._build_common_labels({}), "component": "gpulab-checkpoint-key"},
+            annotations={"hub.jupyter.org/username": self.user.name},
+        )
+        try:
+            current = await self.api.read_namespaced_secret(name, self.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            try:
+                await self.api.create_namespaced_secret(self.namespace, body)
+            except ApiException as e:
+                if e.status != 409:  # another of the user's servers created it meanwhile
+                    raise
+            return
+        if (current.data or {}).get(CHECKPOINT_KEY_FIELD) != body["data"][CHECKPOINT_KEY_FIELD]:
+            await self.api.replace_namespaced_secret(name, self.namespace, body)
 
     def workspace_args(self) -> list[str]:
         return server_args(self.checkpoint_grace_seconds) if self.workspaces_enabled else []
@@ -452,6 +502,13 @@ class KubeWorkspaceMixin(Configurable):
         except ApiException as e:
             if e.status != 404:
                 raise
+
+    def snapshot_schedule_wanted(self) -> bool:
+        return self.workspaces_enabled
+
+    async def scheduled_snapshot(self) -> None:
+        # of a volume in use: crash-consistent, as a CSI snapshot of a running pod's disk is
+        await self.snapshot_workspace(SCHEDULED)
 
     async def take_workspace_snapshot(self, label: str = "on-demand") -> dict[str, Any] | None:
         """A snapshot now (hub API, workspaces page); the server may be running."""

@@ -183,7 +183,7 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             if self.gpulab_placement is None:
                 self.restore_placement()
             self._start_watchdog()
-            if self._snapshot_schedule is None:
+            if not self.snapshot_schedule_running:
                 self.start_snapshot_schedule()
         return status
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from tornado import web
 from traitlets import Bool, Integer, Unicode
-from traitlets.config import Configurable
 
 from gpulab.spawner.checkpoint import derive_user_key
 from gpulab.spawner.checkpoint import snapshots as snaps
 from gpulab.spawner.checkpoint.environment import persistent_env, prepare_home, server_args
 from gpulab.spawner.checkpoint.secret import load_or_create_secret
 from gpulab.spawner.checkpoint.store import human_bytes, list_checkpoints
+from gpulab.spawner.snapshot_schedule import SCHEDULED, SnapshotScheduleMixin
 
 
 def server_dir_name(server_name: str) -> str:
@@ -38,7 +38,7 @@ def _listing(snap: snaps.Snapshot) -> dict[str, object]:
     }
 
 
-class LocalWorkspaceMixin(Configurable):
+class LocalWorkspaceMixin(SnapshotScheduleMixin):
     checkpoints = Bool(
         True,
         config=True,
@@ -61,12 +61,6 @@ class LocalWorkspaceMixin(Configurable):
         "snapshots",
         config=True,
         help="Where home snapshots are kept, one store per user and server (outside the homes).",
-    )
-    snapshot_interval_seconds = Integer(
-        3600,
-        config=True,
-        help="""Also snapshot a running server's home this often (label 'scheduled'); 0: only on
-        stop and on demand. Retention applies to every snapshot alike.""",
     )
     snapshot_keep_last = Integer(5, config=True, help="Snapshots kept per server: the newest N...")
     snapshot_keep_daily = Integer(
@@ -155,27 +149,15 @@ class LocalWorkspaceMixin(Configurable):
         """A snapshot now (hub API, workspaces page); the server may be running."""
         return await self.snapshot_workspace(self.workspace_home_dir(), label, raise_errors=True)
 
-    # -- scheduled snapshots of running servers --------------------------------------------------
+    # -- scheduled snapshots of running servers (SnapshotScheduleMixin) -------------------------
 
-    _snapshot_schedule: asyncio.Task[None] | None = None
+    def snapshot_schedule_wanted(self) -> bool:
+        return bool(self.checkpoints)
 
-    def start_snapshot_schedule(self) -> None:
-        if not self.checkpoints or self.snapshot_interval_seconds <= 0:
-            return
-        self.stop_snapshot_schedule()
-        self._snapshot_schedule = asyncio.ensure_future(self._snapshot_every_interval())
-
-    def stop_snapshot_schedule(self) -> None:
-        if self._snapshot_schedule is not None:
-            self._snapshot_schedule.cancel()
-            self._snapshot_schedule = None
-
-    async def _snapshot_every_interval(self) -> None:
-        while True:
-            await asyncio.sleep(self.snapshot_interval_seconds)
-            # files are copied one at a time while the server runs: each file is consistent,
-            # the tree as a whole is as of the walk (the on-stop snapshot is the exact one)
-            await self.snapshot_workspace(self.workspace_home_dir(), label="scheduled")
+    async def scheduled_snapshot(self) -> None:
+        # files are copied one at a time while the server runs: each file is consistent, the
+        # tree as a whole is as of the walk (the on-stop snapshot is the exact one)
+        await self.snapshot_workspace(self.workspace_home_dir(), label=SCHEDULED)
 
     # -- restore and clone (hub API, picker) ---------------------------------------------------
 

@@ -251,9 +251,19 @@ class Hub:
 
 
 async def run_in_kernel(
-    hub: Hub, user: str, code: str, server: str = "", timeout: float = 60
+    hub: Hub,
+    user: str,
+    code: str,
+    server: str = "",
+    timeout: float = 60,
+    *,
+    keep_kernel: bool = False,
 ) -> str:
-    """Start a real kernel on the user's server, run `code`, return its stdout."""
+    """Start a real kernel on the user's server, run `code`, return its stdout.
+
+    The kernel is shut down afterwards unless `keep_kernel` (a test that stops the server with the
+    kernel still alive, as a user closing the browser would).
+    """
     base = f"{hub.url}/user/{user}/{server + '/' if server else ''}"
     headers = {"Authorization": f"token {hub.token}"}
     async with httpx.AsyncClient(headers=headers, timeout=timeout) as client:
@@ -307,4 +317,5 @@ async def run_in_kernel(
             ws.close()
             return "".join(out)
         finally:
-            await client.delete(f"{base}api/kernels/{kernel_id}")
+            if not keep_kernel:
+                await client.delete(f"{base}api/kernels/{kernel_id}")

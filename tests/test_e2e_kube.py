@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpulab.spawner.devcluster import DevCluster, NodeSpec, Timing, ensure_binaries
+from gpulab.spawner.devcluster import DevCluster, NodeSpec
 from gpulab.spawner.kube_resources import gpu_spec
+from tests.clustertools import running_dev_cluster
 from tests.hubtools import Hub
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kube]
@@ -62,13 +63,8 @@ c.GPUCapacity.profiles = {PROFILES!r}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    ensure_binaries()  # cached after the first build on this machine
-    c = DevCluster(tmp_path_factory.mktemp("gk-cluster"), timing=Timing.fast())
-    try:
-        c.up(nodes=NODES, timeout=240)
-        yield c
-    finally:
-        c.down()
+    with running_dev_cluster(tmp_path_factory.mktemp("gk-cluster"), NODES) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -7,20 +7,17 @@ the kernels load gpulab's real checkpoint extension from the home the pod prepar
 
 from __future__ import annotations
 
-import json
+import asyncio
+import base64
 import sys
-import time
 import urllib.error
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import websocket_connect
 
-from gpulab.spawner.devcluster import DevCluster, Timing, ensure_binaries
+from gpulab.spawner.devcluster import DevCluster
+from tests.clustertools import running_dev_cluster
 from tests.hubtools import Hub, run_in_kernel
 from tests.test_e2e_kube import NODES, OVERLAY, _pod_of, _pods, _wait
 
@@ -75,60 +72,10 @@ def _pvc_exists(cluster: DevCluster, name: str) -> bool:
     return True
 
 
-async def _start_kernel(hub: Hub, user: str, code: str, timeout: float = 60) -> str:
-    """Run `code` in a new kernel of the user's server and leave the kernel running."""
-    base = f"{hub.url}/user/{user}/"
-    headers = {"Authorization": f"token {hub.token}"}
-    async with httpx.AsyncClient(headers=headers, timeout=timeout) as client:
-        r = await client.post(f"{base}api/kernels", json={"name": "python3"})
-        assert r.status_code == 201, r.text
-        kernel_id = r.json()["id"]
-    ws = await websocket_connect(
-        HTTPRequest(
-            base.replace("http://", "ws://") + f"api/kernels/{kernel_id}/channels",
-            headers=headers,
-            connect_timeout=timeout,
-        )
-    )
-    msg_id = uuid.uuid4().hex
-    header = {"msg_id": msg_id, "msg_type": "execute_request", "username": user}
-    header.update(session=uuid.uuid4().hex, version="5.3")
-    content = {"code": code, "silent": False, "store_history": False}
-    content.update(user_expressions={}, allow_stdin=False)
-    ws.write_message(
-        json.dumps(
-            {"header": header, "parent_header": {}, "metadata": {}, "content": content}
-            | {"channel": "shell"}
-        )
-    )
-    out: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        raw = await ws.read_message()
-        if raw is None:
-            break
-        msg = json.loads(raw)
-        if msg.get("parent_header", {}).get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            raise AssertionError("kernel error: " + "\n".join(msg["content"]["traceback"]))
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    ws.close()
-    return "".join(out)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    ensure_binaries()  # cached after the first build on this machine
-    c = DevCluster(tmp_path_factory.mktemp("gk-ws-cluster"), timing=Timing.fast())
-    try:
-        c.up(nodes=NODES, timeout=240)
-        yield c
-    finally:
-        c.down()
+    with running_dev_cluster(tmp_path_factory.mktemp("gk-ws-cluster"), NODES) as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -156,7 +103,15 @@ async def test_kernel_variables_files_and_packages_survive_a_restart_of_a_kube_s
     env = _env_of(pod)
     assert env["HOME"] == "/home/jovyan"
     assert env["GPULAB_CHECKPOINT_DIR"] == "/home/jovyan/.gpulab/checkpoints/default"
-    assert env["GPULAB_CHECKPOINT_USER"] == "ada" and len(env["GPULAB_CHECKPOINT_KEY"]) == 64
+    assert env["GPULAB_CHECKPOINT_USER"] == "ada"
+    # the signing key is not in the pod spec: a per-user Secret carries it
+    (key_env,) = [e for e in container["env"] if e["name"] == "GPULAB_CHECKPOINT_KEY"]
+    assert "value" not in key_env
+    ref = key_env["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "gpulab-checkpoint-key-ada", "key": "key"}
+    secret = cluster.api("GET", f"/api/v1/namespaces/default/secrets/{ref['name']}")
+    assert secret["metadata"]["labels"]["hub.jupyter.org/username"] == "ada"
+    assert len(bytes.fromhex(base64.b64decode(secret["data"]["key"]).decode())) == 32
     assert "GPULAB_AUTO_RESTORE" not in env
 
     out = await run_in_kernel(hub, "ada", SET_VARIABLES)
@@ -189,8 +144,11 @@ async def test_a_preempted_server_gets_its_kernel_variables_back_by_itself(ws_hu
     hub.create_user("spot")
     hub.create_user("dora")
     hub.start_server("spot", profile="a100-spot-8")
-    out = await _start_kernel(
-        hub, "spot", "losses = [0.9, 0.5, 0.25]\nconfig = {'lr': 3e-4}\nprint('set')"
+    out = await run_in_kernel(
+        hub,
+        "spot",
+        "losses = [0.9, 0.5, 0.25]\nconfig = {'lr': 3e-4}\nprint('set')",
+        keep_kernel=True,
     )
     assert "set" in out
 
@@ -273,6 +231,26 @@ async def test_snapshots_are_listed_restored_and_cloned_over_the_rest_api(ws_hub
     assert r.status_code == 400 and "No snapshot 'no-such-snapshot'" in r.json()["message"]
 
 
+async def test_a_running_kube_server_is_snapshotted_on_a_schedule(make_hub, cluster):
+    hub = make_hub(
+        WORKSPACE_OVERLAY + "c.GPUKubeSpawner.snapshot_interval_seconds = 2\n",
+        env={"KUBECONFIG": str(cluster.kubeconfig)},
+    )
+    hub.create_user("sam")
+    hub.start_server("sam", profile="cpu")
+    await run_in_kernel(hub, "sam", "open('/home/jovyan/draft.txt', 'w').write('v1')")
+    _wait(
+        "a scheduled snapshot",
+        lambda: "scheduled" in [s["label"] for s in _snapshots(hub, "sam")],
+        60,
+    )
+    hub.stop_server("sam")
+    labels = [s["label"] for s in _snapshots(hub, "sam")]
+    assert labels[0] == "on-stop" and "scheduled" in labels
+    await asyncio.sleep(5)  # more than two intervals: the schedule ended with the server
+    assert [s["label"] for s in _snapshots(hub, "sam")] == labels
+
+
 def _volume_dir(cluster: DevCluster, claim: str) -> Path:
     pvc = cluster.api("GET", f"/api/v1/namespaces/default/persistentvolumeclaims/{claim}")
     pv = cluster.api("GET", f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
@@ -286,7 +264,7 @@ async def test_a_server_lost_with_its_node_gets_its_kernel_variables_back_by_its
     hub.create_user("tess")
     hub.start_server("tess", profile="t4-1")
     assert _pod_of(cluster, "tess")["spec"]["nodeName"] == "gk-t4"
-    await _start_kernel(hub, "tess", "weights = {'w': [1, 2, 3]}\nprint('set')")
+    await run_in_kernel(hub, "tess", "weights = {'w': [1, 2, 3]}\nprint('set')", keep_kernel=True)
     # the kernel saves after each cell; the node's failure kills it without a chance to save
     manifest = _volume_dir(cluster, "gpulab-home-tess") / ".gpulab/checkpoints/default/default"
     _wait("the kernel's checkpoint", lambda: (manifest / "manifest.json").exists(), 30)

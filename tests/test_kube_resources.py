@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from gpulab.spawner.kube_resources import (
+    CHECKPOINT_KEY_FIELD,
     KubeProfileError,
+    checkpoint_key_secret_manifest,
     dns_name,
     gpu_spec,
     home_pvc_manifest,
@@ -212,3 +216,15 @@ def test_retention_keeps_the_newest_and_one_per_recent_day():
     )
     with pytest.raises(ValueError):
         snapshots_to_delete(snaps, keep_last=-1, keep_daily=0)
+
+
+def test_checkpoint_key_secret_carries_the_hex_key_base64_encoded():
+    body = checkpoint_key_secret_manifest(
+        "gpulab-checkpoint-key-ada",
+        "ab" * 32,
+        labels={"hub.jupyter.org/username": "ada"},
+        annotations={"hub.jupyter.org/username": "ada"},
+    )
+    assert body["kind"] == "Secret" and body["type"] == "Opaque"
+    assert body["metadata"]["name"] == "gpulab-checkpoint-key-ada"
+    assert base64.b64decode(body["data"][CHECKPOINT_KEY_FIELD]).decode() == "ab" * 32

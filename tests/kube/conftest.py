@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from gpulab.spawner.devcluster import DevCluster, NodeSpec, Timing, ensure_binaries
+from gpulab.spawner.devcluster import DevCluster, NodeSpec
+from tests.clustertools import running_dev_cluster
 
 # gpu-a: the scheduler test's 8 GPUs; gpu-b: MIG, time-slicing and HAMi resources;
 # gpu-fail: the node the failure test stops; gpu-spot: a tainted spot node
@@ -55,13 +56,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     """The session's cluster: KUBE_NODES, fast node-failure timing, stopped at the end."""
-    ensure_binaries()  # cached after the first build on this machine
-    cluster = DevCluster(tmp_path_factory.mktemp("dev-cluster"), timing=Timing.fast())
-    try:
-        cluster.up(nodes=KUBE_NODES, timeout=240)
+    with running_dev_cluster(tmp_path_factory.mktemp("dev-cluster"), KUBE_NODES) as cluster:
         yield cluster
-    finally:
-        cluster.down()
 
 
 def wait_for(

@@ -499,19 +499,7 @@ class SnapshotController:
         await self._patch_snapshot(
             vs, {"metadata": {"annotations": {FILES_ANNOTATION: str(snap.files)}}}, status=False
         )
-        await self._patch_snapshot(
-            vs,
-            {
-                "status": {
-                    "boundVolumeSnapshotContentName": content_name,
-                    "creationTime": _rfc3339(snap.created),
-                    "readyToUse": True,
-                    "restoreSize": str(snap.bytes),
-                    "error": None,
-                }
-            },
-            status=True,
-        )
+        await self._mark_snapshot_ready(vs, content_name, snap)
         log.info(
             "snapshot %s/%s of %s ready: %d files, %d bytes (%s)",
             meta["namespace"],
@@ -617,6 +605,13 @@ class SnapshotController:
             return False
         if not (content.get("status") or {}).get("readyToUse"):
             await self._set_content_status(content_name, snap, handle or "")
+        await self._mark_snapshot_ready(vs, content_name, snap)
+        return True
+
+    async def _mark_snapshot_ready(
+        self, vs: dict[str, Any], content_name: str, snap: trees.Snapshot
+    ) -> None:
+        """Bind the VolumeSnapshot to its content and report it ready, as the snapshotter does."""
         await self._patch_snapshot(
             vs,
             {
@@ -630,7 +625,6 @@ class SnapshotController:
             },
             status=True,
         )
-        return True
 
     async def _snapshot_deleted(self, vs: dict[str, Any]) -> None:
         """A deleted snapshot takes its content along when the content's policy is Delete."""
