@@ -35,18 +35,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _pids_of_hub(api_port: int) -> list[int]:
-    """Processes (single-user servers, kernels) that talk to the hub on `api_port`."""
+def _pids_of_hub(api_port: int, *, servers_only: bool = False) -> list[int]:
+    """Processes that talk to the hub on `api_port`: single-user servers and their kernels, and
+    (unless `servers_only`) the hub's managed services, which live as long as the hub does."""
     marker = f"127.0.0.1:{api_port}/hub/api".encode()
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if marker in (entry / "environ").read_bytes():
-                out.append(int(entry.name))
+            environ = (entry / "environ").read_bytes()
         except OSError:
             continue
+        if marker not in environ:
+            continue
+        if servers_only and (b"\0" + environ).find(b"\0JUPYTERHUB_SERVICE_NAME=") >= 0:
+            continue
+        out.append(int(entry.name))
     return out
 
 
@@ -144,7 +149,7 @@ class Hub:
             except (httpx.HTTPError, ValueError):
                 pass
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and _pids_of_hub(self.hub_port):
+            while time.monotonic() < deadline and _pids_of_hub(self.hub_port, servers_only=True):
                 time.sleep(0.3)
         self.stop_hub()
         for pid in _pids_of_hub(self.hub_port):
