@@ -40,7 +40,7 @@ from gpulab.spawner.checkpoint import derive_user_key
 from gpulab.spawner.checkpoint.environment import persistent_env, server_args
 from gpulab.spawner.checkpoint.prepare import CONTAINER_KEYS
 from gpulab.spawner.checkpoint.secret import load_or_create_secret
-from gpulab.spawner.checkpoint.signing import key_to_env
+from gpulab.spawner.checkpoint.signing import KEY_ENV, key_to_env
 from gpulab.spawner.checkpoint.store import list_checkpoints
 from gpulab.spawner.kube_resources import (
     CHECKPOINT_KEY_FIELD,
@@ -62,7 +62,6 @@ from gpulab.spawner.snapshot_schedule import SCHEDULED, SnapshotScheduleMixin
 
 HOME_VOLUME = "gpulab-home"
 PREEMPTED, NODE_LOST = "preempted", "node-lost"
-KEY_ENV = "GPULAB_CHECKPOINT_KEY"
 
 
 class WorkspaceTimeout(web.HTTPError):

@@ -49,7 +49,7 @@ def _pids_of_hub(api_port: int, *, servers_only: bool = False) -> list[int]:
             continue
         if marker not in environ:
             continue
-        if servers_only and (b"\0" + environ).find(b"\0JUPYTERHUB_SERVICE_NAME=") >= 0:
+        if servers_only and b"\0JUPYTERHUB_SERVICE_NAME=" in b"\0" + environ:
             continue
         out.append(int(entry.name))
     return out
