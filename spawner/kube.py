@@ -7,6 +7,10 @@ preemptible servers for on-demand ones, and notices servers lost with their node
 (home PVC per server, its VolumeSnapshots, restore, clone, kernel restore after a preemption or
 a lost node) come from `kube_workspace.KubeWorkspaceMixin`.
 Upstream `profile_list` keeps working unchanged: with it set, this is plain KubeSpawner.
+
+Tenant isolation (issue 12), on by default whatever the profiles: every server runs as a fixed
+non-root uid/gid with `runAsNonRoot`, no privilege escalation, no capabilities and the runtime's
+seccomp profile; the namespace gets the `gpulab-singleuser` NetworkPolicy (`kube_isolation`).
 """
 
 from __future__ import annotations
@@ -14,18 +18,26 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any, ClassVar
+from urllib.parse import urlparse
 
-from kubernetes_asyncio.client import V1DeleteOptions
+from kubernetes_asyncio.client import NetworkingV1Api, V1DeleteOptions
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Dict, Float, List, Unicode, default, validate
+from traitlets import Bool, Callable, Dict, Float, Integer, List, Unicode, Union, default, validate
 
 from gpulab.hub.allocator import NoCapacity, Placement, QuotaExceeded
 from gpulab.hub.inventory import KNOWN_MODELS
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
 from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
+from gpulab.spawner.kube_isolation import (
+    CLOUD_METADATA_IP,
+    container_security_context,
+    pod_security_context,
+    seccomp_profile,
+    singleuser_network_policy,
+)
 from gpulab.spawner.kube_resources import (
     AFFINITY_LABEL,
     ISOLATION,
@@ -94,6 +106,190 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
         if not self.affinity_group_template:
             return None
         return self.affinity_group_template.format(username=self.user.name, servername=self.name)
+
+    # -- tenant isolation: who the server runs as, what it may do, whom it may reach ----------
+
+    uid = Union(
+        [Integer(), Callable()],
+        default_value=1000,
+        allow_none=True,
+        config=True,
+        help="""The uid the server container runs as (runAsUser). gpulab's default is 1000, the
+        jovyan user of the Jupyter docker-stacks images; every user's pod runs as this uid, and
+        pods are kept apart by the container runtime and the NetworkPolicy, not by uids. None:
+        the image's USER (then `run_as_non_root` refuses an image that runs as root).""",
+    )
+    gid = Union(
+        [Integer(), Callable()],
+        default_value=100,
+        allow_none=True,
+        config=True,
+        help="""The primary gid of the server container (runAsGroup); gpulab's default 100, the
+        `users` group of the docker-stacks images.""",
+    )
+    fs_gid = Union(
+        [Integer(), Callable()],
+        default_value=100,
+        allow_none=True,
+        config=True,
+        help="""fsGroup of the pod: volumes (the home PVC, the checkpoint key Secret) are
+        group-owned by it, so the non-root server can write its home and read its key. gpulab's
+        default 100, as `gid`.""",
+    )
+    run_as_non_root = Bool(
+        True,
+        config=True,
+        help="""Set runAsNonRoot on the pod and the server container: the kubelet refuses to start
+        a container that would run as uid 0 (CreateContainerConfigError). Turn off only for an
+        image that must start as root.""",
+    )
+    seccomp_profile = Unicode(
+        "RuntimeDefault",
+        config=True,
+        help="""seccompProfile of the pod and server container: RuntimeDefault (the container
+        runtime's default syscall filter), Localhost/<file> or Unconfined.""",
+    )
+    drop_capabilities = List(
+        Unicode(),
+        ["ALL"],
+        config=True,
+        help="""Linux capabilities dropped from the server container (securityContext.capabilities
+        .drop). A notebook server needs none.""",
+    )
+
+    @validate("seccomp_profile")
+    def _check_seccomp(self, proposal: Any) -> str:
+        try:
+            seccomp_profile(proposal["value"])
+        except ValueError as e:
+            raise ValueError(f"GPUKubeSpawner.seccomp_profile: {e}") from None
+        return str(proposal["value"])
+
+    @validate("uid", "run_as_non_root")
+    def _check_non_root(self, proposal: Any) -> Any:
+        # config loading holds cross-validation until every option is set: both orders work
+        uid = proposal["value"] if proposal["trait"].name == "uid" else self.uid
+        non_root = (
+            proposal["value"]
+            if proposal["trait"].name == "run_as_non_root"
+            else self.run_as_non_root
+        )
+        if non_root and isinstance(uid, int) and uid == 0:
+            raise ValueError(
+                "GPUKubeSpawner.uid = 0 contradicts GPUKubeSpawner.run_as_non_root = True: the "
+                "kubelet would refuse to start every server; use a non-root uid (e.g. 1000)"
+            )
+        return proposal["value"]
+
+    @default("pod_security_context")
+    def _default_pod_security_context(self) -> dict[str, Any]:
+        return pod_security_context(
+            run_as_non_root=self.run_as_non_root, seccomp=self.seccomp_profile
+        )
+
+    @default("container_security_context")
+    def _default_container_security_context(self) -> dict[str, Any]:
+        return container_security_context(
+            run_as_non_root=self.run_as_non_root,
+            seccomp=self.seccomp_profile,
+            drop_capabilities=self.drop_capabilities,
+        )
+
+    network_policy = Bool(
+        True,
+        config=True,
+        help="""Create (and keep up to date) the NetworkPolicy `network_policy_name` in each
+        server namespace: servers accept connections only from the hub, the proxy and the metrics
+        scraper, and reach only the hub API, DNS and (`network_policy_allow_internet`) the
+        internet without private ranges and the cloud metadata address. Off when a Helm chart
+        ships the same policy; a spawn fails rather than start a server the policy does not
+        cover when the hub may not write NetworkPolicies.""",
+    )
+    network_policy_name = Unicode(
+        "gpulab-singleuser", config=True, help="Name of the servers' NetworkPolicy."
+    )
+    network_policy_hub_labels = Dict(
+        {"app": "jupyterhub", "component": "hub"},
+        config=True,
+        help="""Labels of the hub pod, the one destination servers may reach on the hub API port.
+        The hub, proxy and metrics pods also need the label
+        `hub.jupyter.org/network-access-singleuser: "true"` to reach the servers.""",
+    )
+    network_policy_hub_cidrs = List(
+        Unicode(),
+        [],
+        config=True,
+        help="""CIDRs of a hub and proxy running outside the cluster (e.g. ['10.0.0.5/32']):
+        allowed to connect to the servers, and the servers to their hub API port.""",
+    )
+    network_policy_allow_internet = Bool(
+        True,
+        config=True,
+        help="""Let servers reach non-private addresses (pip, conda, datasets). Private ranges
+        and `cloud_metadata_ip` stay blocked either way.""",
+    )
+    cloud_metadata_ip = Unicode(
+        CLOUD_METADATA_IP,
+        config=True,
+        help="""The cloud's instance metadata address, never reachable from a server (it hands
+        out the node's credentials to anything that asks).""",
+    )
+
+    _network_policies_ready: ClassVar[set[tuple[str, str]]] = set()
+
+    def network_policy_manifest(self) -> dict[str, Any]:
+        pod_selector = {"component": self.component_label}
+        if "app" in self.common_labels:
+            pod_selector["app"] = self.common_labels["app"]
+        return singleuser_network_policy(
+            self.network_policy_name,
+            pod_selector=pod_selector,
+            server_port=int(self.port or 8888),
+            hub_selector=self.network_policy_hub_labels,
+            hub_api_port=urlparse(self.hub.api_url).port or 8081,
+            hub_cidrs=self.network_policy_hub_cidrs,
+            allow_internet=self.network_policy_allow_internet,
+            cloud_metadata_ip=self.cloud_metadata_ip,
+            labels={"app.kubernetes.io/managed-by": "gpulab", "component": "gpulab-network-policy"},
+        )
+
+    async def ensure_network_policy(self) -> None:
+        """The servers' NetworkPolicy exists in this namespace as configured (once per hub
+        process and namespace; a changed policy is replaced)."""
+        if not self.network_policy:
+            return
+        key = (self.namespace, self.network_policy_name)
+        if key in self._network_policies_ready:
+            return
+        api = NetworkingV1Api(self.api.api_client)
+        body = self.network_policy_manifest()
+        try:
+            try:
+                current = await api.read_namespaced_network_policy(
+                    self.network_policy_name, self.namespace
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                try:
+                    await api.create_namespaced_network_policy(self.namespace, body)
+                except ApiException as e:
+                    if e.status != 409:  # another spawn created it meanwhile
+                        raise
+            else:
+                spec = self.api.api_client.sanitize_for_serialization(current.spec)
+                if spec != body["spec"]:
+                    await api.replace_namespaced_network_policy(
+                        self.network_policy_name, self.namespace, body
+                    )
+        except ApiException as e:
+            raise web.HTTPError(
+                500,
+                f"Cannot create the NetworkPolicy {self.namespace}/{self.network_policy_name} "
+                f"({e.status} {e.reason}); the hub needs create/update on networkpolicies, or set "
+                "GPUKubeSpawner.network_policy = False where a chart ships the policy",
+            ) from None
+        self._network_policies_ready.add(key)
 
     @default("delete_grace_period")
     def _default_grace(self) -> int:
@@ -348,6 +544,7 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
 
     async def get_pod_manifest(self) -> Any:
         await self.ensure_checkpoint_key_secret()  # after KubeSpawner ensured the namespace
+        await self.ensure_network_policy()  # before the pod: it is never up unprotected
         return self.wrap_container_command(await super().get_pod_manifest())
 
     async def _start(self) -> Any:

@@ -6,8 +6,8 @@ The Kubernetes half of what `workspace.LocalWorkspaceMixin` does on one machine:
   `pvc_name_template` = `gpulab-home-{user_server}`), mounted at `workspace_home`; its name is
   kept in the spawner's state, so a restarted hub or a changed template still finds it;
 - the pod gets the local backend's workspace environment (`persistent_env`: HOME, the package
-  and environment locations, the kernel checkpoint directory; the user's signing key through a
-  `secretKeyRef` to a Secret per user, so pod readers do not see it) and its command starts
+  and environment locations, the kernel checkpoint directory; the user's signing key as a file
+  of a per-user Secret mounted read-only, never in the pod spec or an environment) and its command starts
   with `python3 -m gpulab.spawner.checkpoint.prepare`, which prepares the home inside the
   container (the hub cannot write into the volume) and execs the server;
 - every stop, and every `snapshot_interval_seconds` while the server runs, takes a
@@ -40,8 +40,14 @@ from gpulab.spawner.checkpoint import derive_user_key
 from gpulab.spawner.checkpoint.environment import persistent_env, server_args
 from gpulab.spawner.checkpoint.prepare import CONTAINER_KEYS
 from gpulab.spawner.checkpoint.secret import load_or_create_secret
-from gpulab.spawner.checkpoint.signing import KEY_ENV, key_to_env
+from gpulab.spawner.checkpoint.signing import key_to_text
 from gpulab.spawner.checkpoint.store import list_checkpoints
+from gpulab.spawner.kube_isolation import (
+    CHECKPOINT_KEY_DIR,
+    CHECKPOINT_KEY_VOLUME,
+    checkpoint_key_mount,
+    checkpoint_key_volume,
+)
 from gpulab.spawner.kube_resources import (
     CHECKPOINT_KEY_FIELD,
     SNAPSHOT_GROUP,
@@ -60,6 +66,8 @@ from gpulab.spawner.kube_resources import (
 )
 from gpulab.spawner.snapshot_schedule import SCHEDULED, SnapshotScheduleMixin
 
+#: the key's file in the Secret volume (the Secret's field is projected under this name)
+KEY_FILE = f"{CHECKPOINT_KEY_DIR}/{CHECKPOINT_KEY_FIELD}"
 HOME_VOLUME = "gpulab-home"
 PREEMPTED, NODE_LOST = "preempted", "node-lost"
 
@@ -104,8 +112,9 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         "gpulab-checkpoint-key-{username}",
         config=True,
         help="""Name of the Secret, one per user in the server's namespace, that carries the
-        user's checkpoint signing key into their pods (`secretKeyRef`: the key never appears
-        in a pod spec). The usual KubeSpawner fields expand ({username}, {user_server}, ...).""",
+        user's checkpoint signing key into their pods (a read-only volume: the key never appears
+        in a pod spec or an environment). The usual KubeSpawner fields expand ({username},
+        {user_server}, ...).""",
     )
     checkpoint_grace_seconds = Integer(
         config=True,
@@ -178,7 +187,7 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
     def workspace_env(self) -> dict[str, Any]:
         """The server's workspace environment, less what depends on the container's Python
         (PATH, PYTHONPATH, PIP_*), which the prepare step adds inside the pod. The signing key
-        comes from the user's Secret (`ensure_checkpoint_key_secret`), not from the pod spec."""
+        is only named: a file of the user's Secret volume (`apply_workspace_to_pod`)."""
         if not self.workspaces_enabled:
             return {}
         env: dict[str, Any] = persistent_env(
@@ -187,17 +196,11 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
             base_env={},
             user=self.user.name,
             auto_restore=self.workspace_auto_restore,
+            # the path only: another tenant's pod neither mounts this Secret nor can read the
+            # kubelet's copy of it, and user code finds no key in any environment to replay
+            key_file=KEY_FILE,
         )
-        env = {k: v for k, v in env.items() if k not in CONTAINER_KEYS}
-        env[KEY_ENV] = {
-            "valueFrom": {
-                "secretKeyRef": {
-                    "name": self.checkpoint_key_secret_name(),
-                    "key": CHECKPOINT_KEY_FIELD,
-                }
-            }
-        }
-        return env
+        return {k: v for k, v in env.items() if k not in CONTAINER_KEYS}
 
     def checkpoint_key_secret_name(self) -> str:
         return dns_name(self._expand_user_properties(self.checkpoint_key_secret_name_template))
@@ -209,7 +212,7 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         name = self.checkpoint_key_secret_name()
         body = checkpoint_key_secret_manifest(
             name,
-            key_to_env(self._user_key()),
+            key_to_text(self._user_key()),
             labels={**self._build_common_labels({}), "component": "gpulab-checkpoint-key"},
             annotations={"hub.jupyter.org/username": self.user.name},
         )
@@ -231,20 +234,34 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         return server_args(self.checkpoint_grace_seconds) if self.workspaces_enabled else []
 
     def apply_workspace_to_pod(self) -> None:
-        """Mount the home PVC at workspace_home (once, whatever pvc_name is at manifest time)."""
+        """Mount the home PVC at workspace_home (once, whatever pvc_name is at manifest time)
+        and the user's checkpoint key Secret, read-only, at CHECKPOINT_KEY_DIR."""
         if not self.workspaces_enabled:
             return
         self.storage_pvc_ensure = True
         self._workspace_label()
         if self.workspace_name is None:
             self.workspace_name = self.name
-        volumes = self._sorted_dict_values(self.volumes)
-        if not any(v.get("name") == HOME_VOLUME for v in volumes):
-            claim = {"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": "{pvc_name}"}}
-            self.volumes = [*volumes, claim]
-        mounts = self._sorted_dict_values(self.volume_mounts)
-        if not any(m.get("name") == HOME_VOLUME for m in mounts):
-            self.volume_mounts = [*mounts, {"name": HOME_VOLUME, "mountPath": self.workspace_home}]
+        volumes = list(self._sorted_dict_values(self.volumes))  # a copy: never the config's list
+        names = {v.get("name") for v in volumes}
+        if HOME_VOLUME not in names:
+            volumes.append(
+                {"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": "{pvc_name}"}}
+            )
+        if CHECKPOINT_KEY_VOLUME not in names:
+            volumes.append(
+                checkpoint_key_volume(
+                    self.checkpoint_key_secret_name(), CHECKPOINT_KEY_FIELD, CHECKPOINT_KEY_FIELD
+                )
+            )
+        self.volumes = volumes
+        mounts = list(self._sorted_dict_values(self.volume_mounts))
+        mounted = {m.get("name") for m in mounts}
+        if HOME_VOLUME not in mounted:
+            mounts.append({"name": HOME_VOLUME, "mountPath": self.workspace_home})
+        if CHECKPOINT_KEY_VOLUME not in mounted:
+            mounts.append(checkpoint_key_mount())
+        self.volume_mounts = mounts
         if not self.working_dir:
             self.working_dir = self.workspace_home
         self.storage_extra_labels = {

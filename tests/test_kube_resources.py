@@ -6,6 +6,14 @@ import base64
 
 import pytest
 
+from gpulab.spawner.kube_isolation import (
+    checkpoint_key_mount,
+    checkpoint_key_volume,
+    container_security_context,
+    pod_security_context,
+    seccomp_profile,
+    singleuser_network_policy,
+)
 from gpulab.spawner.kube_resources import (
     CHECKPOINT_KEY_FIELD,
     KubeProfileError,
@@ -228,3 +236,122 @@ def test_checkpoint_key_secret_carries_the_hex_key_base64_encoded():
     assert body["kind"] == "Secret" and body["type"] == "Opaque"
     assert body["metadata"]["name"] == "gpulab-checkpoint-key-ada"
     assert base64.b64decode(body["data"][CHECKPOINT_KEY_FIELD]).decode() == "ab" * 32
+
+
+# -- tenant isolation: security contexts, the servers' NetworkPolicy, the key volume -------------
+
+
+def test_pod_and_container_security_contexts_are_hardened():
+    assert pod_security_context(run_as_non_root=True, seccomp="RuntimeDefault") == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container_security_context(
+        run_as_non_root=True, seccomp="RuntimeDefault", drop_capabilities=["ALL"]
+    ) == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container_security_context(
+        run_as_non_root=False, seccomp="Localhost/profiles/jupyter.json", drop_capabilities=[]
+    ) == {"seccompProfile": {"type": "Localhost", "localhostProfile": "profiles/jupyter.json"}}
+
+
+@pytest.mark.parametrize("bad", ["runtime/default", "Localhost", "Unconfined/x", ""])
+def test_a_bad_seccomp_profile_is_refused_with_the_choices(bad):
+    with pytest.raises(ValueError, match="use RuntimeDefault, Unconfined or Localhost/<file>"):
+        seccomp_profile(bad)
+
+
+def test_the_servers_network_policy_admits_hub_and_proxy_and_blocks_the_metadata_address():
+    policy = singleuser_network_policy(
+        "gpulab-singleuser",
+        pod_selector={"component": "singleuser-server", "app": "jupyterhub"},
+        server_port=8888,
+        hub_selector={"app": "jupyterhub", "component": "hub"},
+        hub_api_port=8081,
+        hub_cidrs=["10.0.0.5/32"],
+        labels={"app.kubernetes.io/managed-by": "gpulab"},
+    )
+    assert policy == {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": "gpulab-singleuser",
+            "labels": {"app.kubernetes.io/managed-by": "gpulab"},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {"component": "singleuser-server", "app": "jupyterhub"}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {
+                    "ports": [{"port": 8888, "protocol": "TCP"}],
+                    "from": [
+                        {
+                            "podSelector": {
+                                "matchLabels": {"hub.jupyter.org/network-access-singleuser": "true"}
+                            }
+                        },
+                        {"ipBlock": {"cidr": "10.0.0.5/32"}},
+                    ],
+                }
+            ],
+            "egress": [
+                {
+                    "ports": [{"port": 8081, "protocol": "TCP"}],
+                    "to": [
+                        {"podSelector": {"matchLabels": {"app": "jupyterhub", "component": "hub"}}},
+                        {"ipBlock": {"cidr": "10.0.0.5/32"}},
+                    ],
+                },
+                {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+                {
+                    "to": [
+                        {
+                            "ipBlock": {
+                                "cidr": "0.0.0.0/0",
+                                "except": [
+                                    "10.0.0.0/8",
+                                    "172.16.0.0/12",
+                                    "192.168.0.0/16",
+                                    "169.254.169.254/32",
+                                ],
+                            }
+                        }
+                    ]
+                },
+            ],
+        },
+    }
+
+
+def test_without_internet_egress_the_policy_allows_only_the_hub_and_dns():
+    policy = singleuser_network_policy(
+        "p",
+        pod_selector={"component": "singleuser-server"},
+        server_port=8888,
+        hub_selector={"component": "hub"},
+        hub_api_port=8081,
+        allow_internet=False,
+    )
+    assert [rule.get("to") for rule in policy["spec"]["egress"]] == [
+        [{"podSelector": {"matchLabels": {"component": "hub"}}}],
+        None,  # DNS: port 53 anywhere (the cluster's resolver)
+    ]
+
+
+def test_checkpoint_key_is_a_read_only_secret_volume_readable_by_the_fs_group():
+    assert checkpoint_key_volume("gpulab-checkpoint-key-ada", "key", "key") == {
+        "name": "gpulab-checkpoint-key",
+        "secret": {
+            "secretName": "gpulab-checkpoint-key-ada",
+            "items": [{"key": "key", "path": "key"}],
+            "defaultMode": 0o440,
+        },
+    }
+    assert checkpoint_key_mount() == {
+        "name": "gpulab-checkpoint-key",
+        "mountPath": "/etc/gpulab/checkpoint-key",
+        "readOnly": True,
+    }
