@@ -71,12 +71,15 @@ if cull_idle_seconds > 0:
     )
 
 
-# GPU figures of every server in one place (gpulab.hub.metrics_service): the service lists the
-# running servers, reads each one's GPU monitor every 15 s (at the server's own address),
-# evaluates the admin's alert rules (IDLE_GPU by default) and serves
-# /services/gpulab-metrics/{metrics,api/servers,api/alerts} to admins. GPULAB_METRICS_SERVICE=0 turns it off; GPULAB_METRICS_SERVICE_URL (or
-# _PORT) is where it listens (default: a free loopback port, so several hubs share a machine);
-# GPULAB_METRICS_CONFIG names a config file for it (c.MetricsService.rules and friends).
+# GPU figures of every server in one place (gpulab.hub.metrics_service): every server's GPU monitor
+# pushes its figures every GPULAB_METRICS_PUSH_INTERVAL_SECONDS (15) straight to the service, with
+# the server's own token; the service evaluates the admin's alert rules (IDLE_GPU by default) and
+# serves /services/gpulab-metrics/{metrics,api/servers,api/alerts} to admins. It calls no user
+# server, so its role holds no access:servers and no proxy scope. GPULAB_METRICS_SERVICE=0 turns it
+# off; GPULAB_METRICS_SERVICE_URL (or _PORT) is where it listens (default: a free loopback port, so
+# several hubs share a machine); GPULAB_METRICS_PUSH_URL overrides the address servers push to
+# (when they reach the service by another name, e.g. from Kubernetes pods); GPULAB_METRICS_CONFIG
+# names a config file for it (c.MetricsService.rules and friends).
 def _free_loopback_port() -> int:
     import socket
 
@@ -86,10 +89,18 @@ def _free_loopback_port() -> int:
 
 
 if os.environ.get("GPULAB_METRICS_SERVICE", "1").strip().lower() not in ("0", "false", "no", "off"):
+    from gpulab.hub.metrics_names import (
+        DEFAULT_PUSH_INTERVAL_SECONDS,
+        PUSH_INTERVAL_ENV,
+        PUSH_PATH,
+        PUSH_URL_ENV,
+    )
+
     _metrics_url = os.environ.get("GPULAB_METRICS_SERVICE_URL") or (
         f"http://127.0.0.1:{int(os.environ.get('GPULAB_METRICS_SERVICE_PORT') or _free_loopback_port())}"
     )
-    _metrics_env = {}
+    _push_interval = os.environ.get(PUSH_INTERVAL_ENV) or str(DEFAULT_PUSH_INTERVAL_SECONDS)
+    _metrics_env = {PUSH_INTERVAL_ENV: _push_interval}
     if os.environ.get("GPULAB_METRICS_CONFIG"):
         _metrics_env["GPULAB_METRICS_CONFIG"] = os.environ["GPULAB_METRICS_CONFIG"]
     c.JupyterHub.services.append(
@@ -105,10 +116,20 @@ if os.environ.get("GPULAB_METRICS_SERVICE", "1").strip().lower() not in ("0", "f
     c.JupyterHub.load_roles.append(
         {
             "name": "gpulab-metrics",
-            # proxy: read the routing table, to scrape servers at their own address (a scrape
-            # through the proxy would count as activity and defeat idle culling)
-            "scopes": ["list:users", "read:users", "read:servers", "access:servers", "proxy"],
+            # which servers run (to refuse pushes for others and forget stopped ones); nothing
+            # that reaches a server (no access:servers) and no proxy: it never calls a server
+            "scopes": ["list:users", "read:users", "read:servers"],
             "services": ["gpulab-metrics"],
+        }
+    )
+    # Where each server pushes, and how often: .update() so that an admin's own
+    # c.Spawner.environment.update(...) adds to it (assigning a new dict would drop the push).
+    # Neither is a secret; the push carries the server's own token, worth only that server.
+    c.Spawner.environment.update(
+        {
+            PUSH_URL_ENV: os.environ.get(PUSH_URL_ENV)
+            or f"{_metrics_url.rstrip('/')}/{PUSH_PATH.strip('/')}",
+            PUSH_INTERVAL_ENV: _push_interval,
         }
     )
 

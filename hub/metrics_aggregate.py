@@ -1,4 +1,4 @@
-"""The latest scrape of every running server, and the admin's alert rules evaluated over them."""
+"""The latest push of every running server, and the admin's alert rules evaluated over them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 
 from gpulab.hub.alerts import AlertEvent, Rule, RuleEngine
 
-from .metrics_scrape import ScrapeResult, Target
+from .metrics_listing import Target
+from .metrics_push import PushResult
 
 log = logging.getLogger("gpulab.metrics")
 
@@ -18,14 +19,12 @@ log = logging.getLogger("gpulab.metrics")
 @dataclass
 class ServerState:
     target: Target
+    first_seen: float  # when the hub's listing (or a verified push) first showed it
     up: bool = False
     error: str = ""
-    last_attempt: float | None = None
-    last_success: float | None = None
-    duration_seconds: float = 0.0
-    result: ScrapeResult | None = None  # the latest successful scrape
-    scrapes: int = 0
-    failures: int = 0
+    last_push: float | None = None
+    result: PushResult | None = None  # the latest accepted push
+    pushes: int = 0
 
 
 @dataclass
@@ -42,7 +41,8 @@ class Aggregate:
     # device key "user/server/gpu" -> (user, server, gpu); names may hold '/' in theory
     devices: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     cycles: int = 0
-    scrape_failures_total: int = 0
+    pushes_total: int = 0
+    push_refusals_total: int = 0
     last_cycle: float | None = None
     last_cycle_seconds: float = 0.0
     hub_error: str = ""
@@ -66,32 +66,23 @@ class Aggregate:
             gone = self.servers.pop(key)
             events += self._forget_gpus(gone.target, keep=set(), t=t)
         for key, target in wanted.items():
-            state = self.servers.get(key)
-            if state is None:
-                self.servers[key] = ServerState(target)
-            elif state.target != target:
-                state.target = target
+            self.servers.setdefault(key, ServerState(target, first_seen=t))
         return self._record(events)
 
-    def add_result(self, result: ScrapeResult) -> list[AlertEvent]:
-        """One scrape's outcome: the figures of a success are fed to the rules."""
+    def add_target(self, target: Target, t: float) -> None:
+        """One server the hub says runs, learnt between two listings (its first push)."""
+        self.servers.setdefault(target.key, ServerState(target, first_seen=t))
+
+    def add_push(self, result: PushResult) -> list[AlertEvent]:
+        """One accepted push: its figures are current and fed to the rules."""
         state = self.servers.get(result.target.key)
-        if state is None:  # the server went away while we scraped it
-            return []
-        state.last_attempt, state.duration_seconds = result.t, result.duration_seconds
-        state.scrapes += 1
-        if not result.ok:
-            if result.error != state.error:  # once per change, not every cycle
-                log.warning(
-                    "gpulab-metrics: scraping %s failed: %s", result.target.key, result.error
-                )
-            state.up, state.error = False, result.error
-            state.failures += 1
-            self.scrape_failures_total += 1
+        if state is None:  # the server stopped while its push was parsed
             return []
         if state.error:
-            log.info("gpulab-metrics: scraping %s works again", result.target.key)
-        state.up, state.error, state.last_success, state.result = True, "", result.t, result
+            log.info("gpulab-metrics: %s pushes again", result.target.key)
+        state.up, state.error, state.last_push, state.result = True, "", result.t, result
+        state.pushes += 1
+        self.pushes_total += 1
         target = result.target
         events = self._forget_gpus(target, keep=set(result.gpus), t=result.t)
         for gpu, sample in result.gpus.items():
@@ -99,6 +90,24 @@ class Aggregate:
             self.devices[key] = (target.user, target.server, gpu)
             events += self.engine.observe(key, sample)
         return self._record(events)
+
+    def expire(self, t: float, stale_after_seconds: float) -> None:
+        """Servers that have not pushed for stale_after_seconds are down: their figures leave the
+        exposition (a server that does not report has no current figures)."""
+        for state in self.servers.values():
+            since = state.last_push if state.last_push is not None else state.first_seen
+            if t - since <= stale_after_seconds:
+                continue
+            if state.last_push is None:
+                error = (
+                    f"no push in {t - since:.0f} s since it started (is jupyterlab-gpulab"
+                    " installed in the server's environment, and can it reach the service?)"
+                )
+            else:
+                error = f"no push for {t - since:.0f} s"
+            if not state.error:  # once per outage, not every cycle
+                log.warning("gpulab-metrics: %s: %s", state.target.key, error)
+            state.up, state.error = False, error
 
     def _forget_gpus(self, target: Target, keep: set[str], t: float) -> list[AlertEvent]:
         events: list[AlertEvent] = []
@@ -183,12 +192,10 @@ class Aggregate:
                 {
                     "user": target.user,
                     "server": target.server,
-                    "url": target.url,
                     "up": state.up,
                     "error": state.error,
-                    "last_attempt": state.last_attempt,
-                    "last_success": state.last_success,
-                    "scrape_duration_seconds": state.duration_seconds,
+                    "last_push": state.last_push,
+                    "pushes": state.pushes,
                     "gpus": gpus,
                     "alerts": [
                         a
@@ -201,6 +208,8 @@ class Aggregate:
             "servers": servers,
             "cycles": self.cycles,
             "last_cycle": self.last_cycle,
+            "pushes_total": self.pushes_total,
+            "push_refusals_total": self.push_refusals_total,
             "hub_error": self.hub_error,
             "config_error": self.config_error,
         }

@@ -1,4 +1,4 @@
-"""The gpulab-metrics service's Prometheus exposition: scraped series, scrape health, alerts."""
+"""The gpulab-metrics service's Prometheus exposition: pushed series, push health, alerts."""
 
 from __future__ import annotations
 
@@ -37,21 +37,25 @@ class AggregateCollector(Collector):
                     metric.add_sample(s.name, dict(s.labels), s.value)
         yield from merged.values()
 
+        # the name of Prometheus' own per-target health series, kept for dashboards written when
+        # the service scraped: 1 while the server's pushes are current
         up = GaugeMetricFamily(
             "gpulab_scrape_up",
-            "1 if the server's GPU monitor answered the last scrape",
+            "1 while the server pushes its GPU figures (its last push is not stale)",
             labels=SERVER_LABELS,
         )
-        duration = GaugeMetricFamily(
-            "gpulab_scrape_duration_seconds", "How long the last scrape took", labels=SERVER_LABELS
+        last_push = GaugeMetricFamily(
+            "gpulab_push_last_timestamp_seconds",
+            "When the server's last accepted push arrived (unix time)",
+            labels=SERVER_LABELS,
         )
         for state in agg.servers.values():
             labels = [state.target.user, state.target.server]
             up.add_metric(labels, 1.0 if state.up else 0.0)
-            if state.last_attempt is not None:
-                duration.add_metric(labels, state.duration_seconds)
+            if state.last_push is not None:
+                last_push.add_metric(labels, state.last_push)
         yield up
-        yield duration
+        yield last_push
 
         alert = GaugeMetricFamily(
             "gpulab_hub_alert_active",
@@ -62,23 +66,21 @@ class AggregateCollector(Collector):
             alert.add_metric([e["rule"], e["severity"], e["user"], e["server"], e["gpu"]], 1.0)
         yield alert
         yield GaugeMetricFamily(
-            "gpulab_metrics_servers", "Running servers the service scrapes", value=len(agg.servers)
+            "gpulab_metrics_servers", "Running servers the service knows", value=len(agg.servers)
         )
         yield GaugeMetricFamily(
             "gpulab_metrics_cycle_seconds",
-            "How long the last scrape cycle (hub listing and all scrapes) took",
+            "How long the last listing of running servers took",
             value=agg.last_cycle_seconds,
         )
-        cycles = Metric("gpulab_metrics_cycles", "Scrape cycles run", "counter")
-        cycles.add_sample("gpulab_metrics_cycles_total", {}, float(agg.cycles))
-        yield cycles
-        failures = Metric("gpulab_metrics_scrape_failures", "Failed scrapes", "counter")
-        failures.add_sample(
-            "gpulab_metrics_scrape_failures_total",
-            {},
-            float(agg.scrape_failures_total),
-        )
-        yield failures
+        for name, doc, value in (
+            ("gpulab_metrics_cycles", "Listings of running servers", agg.cycles),
+            ("gpulab_metrics_pushes", "Pushes accepted", agg.pushes_total),
+            ("gpulab_metrics_push_refusals", "Pushes refused", agg.push_refusals_total),
+        ):
+            counter = Metric(name, doc, "counter")
+            counter.add_sample(f"{name}_total", {}, float(value))
+            yield counter
 
 
 def exposition(aggregate: Aggregate) -> bytes:

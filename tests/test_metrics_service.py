@@ -1,8 +1,10 @@
-"""gpulab-metrics' scrape -> aggregate -> rules loop against real HTTP servers in the test.
+"""gpulab-metrics' push -> aggregate -> rules path against real HTTP in the test.
 
-The monitors are a small tornado app that serves pages made with prometheus_client, the way
-jupyterlab-gpulab does, and the hub's GET /hub/api/users and /hub/api/proxy (paginated,
-token-checked) for the listing. The real hub and proxy are in tests/test_e2e_metrics_service.py.
+The service's own web app listens on a loopback port; servers' pushes are real POSTs of pages
+made with prometheus_client, the way jupyterlab-gpulab makes them. The hub is a small tornado
+app answering what JupyterHub's API answers the service: GET /hub/api/user (whose token is
+this, with its scopes), GET /hub/api/users?state=active (paginated) and GET /hub/api/users/<name>.
+The real hub, proxy and servers are in tests/test_e2e_metrics_service.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -22,11 +25,14 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from traitlets import TraitError
 
+from gpulab.hub.alerts import parse_rules
+from gpulab.hub.metrics_aggregate import Aggregate
 from gpulab.hub.metrics_exposition import exposition
-from gpulab.hub.metrics_scrape import Target, parse_exposition, targets_from_users
+from gpulab.hub.metrics_listing import Target, targets_from_users
+from gpulab.hub.metrics_push import parse_exposition
 from gpulab.hub.metrics_service import MetricsService
 
-TOKEN = "service-token-0123"
+SERVICE_TOKEN = "service-token-0123"
 GIB = 1024**3
 
 
@@ -39,29 +45,9 @@ class GPU:
     temperature_c: float | None = 60.0
 
 
-@dataclass
-class FakeServer:
-    gpus: list[GPU]
-    claims_user: str = ""  # labels the page itself claims (must be ignored)
-    status: int = 200
-    body: str | None = None  # a raw body instead of the generated page
-    extra_series: int = 0
-    hang: bool = False  # never answers
-    rendezvous: bool = False  # answers only once every rendezvous server was asked
+def page(gpus: list[GPU], user: str, name: str, extra_series: int = 0) -> bytes:
+    """What a server's GPU monitor exports, labels included (which the service must ignore)."""
 
-
-@dataclass
-class World:
-    """What the test's hub lists and what each server's monitor answers."""
-
-    servers: dict[tuple[str, str], FakeServer] = field(default_factory=dict)
-    requests: list[str] = field(default_factory=list)
-    unrouted: set[tuple[str, str]] = field(default_factory=set)
-    arrived: set[str] = field(default_factory=set)
-    monitors_url: str = ""
-
-
-def page(server: FakeServer, user: str, name: str) -> bytes:
     class Collector:
         def collect(self):
             labels = ["gpu", "user", "server"]
@@ -69,8 +55,8 @@ def page(server: FakeServer, user: str, name: str) -> bytes:
             used = GaugeMetricFamily("gpulab_gpu_memory_used_bytes", "used", labels=labels)
             limit = GaugeMetricFamily("gpulab_gpu_memory_limit_bytes", "limit", labels=labels)
             temp = GaugeMetricFamily("gpulab_gpu_temperature_celsius", "temp", labels=labels)
-            for g in server.gpus:
-                who = [g.uuid, server.claims_user or user, name]
+            for g in gpus:
+                who = [g.uuid, user, name]
                 if g.utilization_pct is not None:
                     util.add_metric(who, g.utilization_pct / 100)
                 used.add_metric(who, g.used_bytes)
@@ -80,9 +66,9 @@ def page(server: FakeServer, user: str, name: str) -> bytes:
             yield from (util, used, limit, temp)
             yield GaugeMetricFamily("gpulab_scrape_up", "spoofed self-metric", value=0)
             yield GaugeMetricFamily("process_cpu_seconds", "not a gpulab metric", value=3)
-            if server.extra_series:
+            if extra_series:
                 many = GaugeMetricFamily("gpulab_gpu_process_memory_bytes", "m", labels=["pid"])
-                for pid in range(server.extra_series):
+                for pid in range(extra_series):
                     many.add_metric([str(pid)], 1.0)
                 yield many
 
@@ -91,72 +77,75 @@ def page(server: FakeServer, user: str, name: str) -> bytes:
     return generate_latest(registry)
 
 
-class UsersHandler(web.RequestHandler):
+@dataclass
+class Hub:
+    """What the test's hub knows: running servers and tokens."""
+
+    running: set[tuple[str, str]] = field(default_factory=set)
+    tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)
+    down: bool = False
+
+    def server_token(self, user: str, server: str) -> str:
+        """A token as JupyterHub gives a server ($JUPYTERHUB_API_TOKEN, the `server` role)."""
+        token = f"server-{user}-{server or 'default'}"
+        self.tokens[token] = {
+            "kind": "user",
+            "name": user,
+            "admin": False,
+            "scopes": [
+                f"access:servers!server={user}/{server}",
+                f"users:activity!user={user}",
+                f"read:users:name!user={user}",
+            ],
+        }
+        return token
+
+
+class HubHandler(web.RequestHandler):
+    @property
+    def hub(self) -> Hub:
+        return self.settings["hub"]
+
+    def prepare(self) -> None:
+        self.hub.requests.append(self.request.uri or "")
+        if self.hub.down:
+            raise web.HTTPError(502)
+
+
+class WhoAmIHandler(HubHandler):
     def get(self) -> None:
-        world: World = self.settings["world"]
-        assert self.request.headers["Authorization"] == f"token {TOKEN}"
+        token = self.request.headers.get("Authorization", "").removeprefix("token ")
+        if token not in self.hub.tokens:
+            raise web.HTTPError(403)
+        self.finish(json.dumps(self.hub.tokens[token]))
+
+
+class UsersHandler(HubHandler):
+    def get(self) -> None:
+        assert self.request.headers["Authorization"] == f"token {SERVICE_TOKEN}"
         assert self.get_argument("state") == "active"
         users: dict[str, dict[str, Any]] = {}
-        for user, name in sorted(world.servers):
-            prefix = f"/user/{user}/{name + '/' if name else ''}"
-            users.setdefault(user, {"name": user, "servers": {}})["servers"][name] = {
-                "name": name,
-                "ready": True,
-                "url": prefix,
-            }
-        users["idle-no-server"] = {"name": "idle-no-server", "servers": {}}
-        users["starting"] = {"name": "starting", "servers": {"": {"ready": False, "url": "/x/"}}}
+        for user, name in sorted(self.hub.running):
+            users.setdefault(user, {"name": user, "servers": {}})["servers"][name] = {"name": name}
         items = list(users.values())
         offset, limit = int(self.get_argument("offset")), 2  # small pages: pagination is used
-        chunk = items[offset : offset + limit]
         more = offset + limit < len(items)
         self.finish(
             json.dumps(
                 {
-                    "items": chunk,
+                    "items": items[offset : offset + limit],
                     "_pagination": {"next": {"offset": offset + limit} if more else None},
                 }
             )
         )
 
 
-class ProxyRoutesHandler(web.RequestHandler):
-    """GET /hub/api/proxy: the routing table, each server's route targeting the monitors' app."""
-
-    def get(self) -> None:
-        world: World = self.settings["world"]
-        assert self.request.headers["Authorization"] == f"token {TOKEN}"
-        routes: dict[str, Any] = {"/": {"target": "http://127.0.0.1:1", "data": {"hub": True}}}
-        for user, name in world.servers:
-            if (user, name) in world.unrouted:
-                continue
-            spec = f"/user/{user}/{name + '/' if name else ''}"
-            routes[spec] = {
-                "routespec": spec,
-                "target": world.monitors_url,
-                "data": {"user": user, "server_name": name},
-            }
-        self.finish(json.dumps({"items": routes, "_pagination": {"next": None}}))
-
-
-class MonitorHandler(web.RequestHandler):
-    async def get(self, user: str, name: str | None) -> None:
-        world: World = self.settings["world"]
-        world.requests.append(f"{user}/{name or ''}")
-        if self.request.headers.get("Authorization") != f"token {TOKEN}":
-            raise web.HTTPError(403)
-        server = world.servers[(user, name or "")]
-        if server.hang:
-            await asyncio.Event().wait()
-        if server.rendezvous:
-            world.arrived.add(user)
-            everyone = {u for (u, _), srv in world.servers.items() if srv.rendezvous}
-            while world.arrived != everyone:
-                await asyncio.sleep(0.01)  # ends when the others are asked, or the scrape times out
-        if server.status != 200:
-            raise web.HTTPError(server.status)
-        self.set_header("Content-Type", "text/plain; version=0.0.4")
-        self.finish(server.body if server.body is not None else page(server, user, name or ""))
+class UserHandler(HubHandler):
+    def get(self, user: str) -> None:
+        assert self.request.headers["Authorization"] == f"token {SERVICE_TOKEN}"
+        servers = {name: {"name": name} for (u, name) in self.hub.running if u == user}
+        self.finish(json.dumps({"name": user, "servers": servers}))
 
 
 def free_port() -> int:
@@ -165,34 +154,54 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class World:
+    hub: Hub
+    service: MetricsService
+    push_url: str
+
+    async def push(self, token: str | None, user: str, server: str, body: bytes) -> httpx.Response:
+        headers = {"Authorization": f"token {token}"} if token else {}
+        path = f"{user}/{server}" if server else user
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await client.post(f"{self.push_url}/{path}", content=body, headers=headers)
+
+    async def push_page(self, user: str, server: str, gpus: list[GPU], **kw: Any) -> None:
+        token = self.hub.server_token(user, server)
+        r = await self.push(token, user, server, page(gpus, user, server, **kw))
+        assert r.status_code == 202, r.text
+
+
 @pytest.fixture
-async def world() -> AsyncIterator[tuple[World, str]]:
-    w = World()
-    app = web.Application(
+async def world(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
+    hub = Hub()
+    hub_app = web.Application(
         [
+            (r"/hub/api/user", WhoAmIHandler),
             (r"/hub/api/users", UsersHandler),
-            (r"/hub/api/proxy", ProxyRoutesHandler),
-            (r"/user/([^/]+)/(?:([^/]+)/)?gpulab/monitor/metrics", MonitorHandler),
+            (r"/hub/api/users/([^/]+)", UserHandler),
         ],
-        world=w,
+        hub=hub,
     )
-    port = free_port()
-    server = HTTPServer(app)
-    server.listen(port, "127.0.0.1")
-    w.monitors_url = f"http://127.0.0.1:{port}"
-    try:
-        yield w, f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-def make_service(url: str, monkeypatch: pytest.MonkeyPatch, **traits: Any) -> MetricsService:
-    monkeypatch.setenv("JUPYTERHUB_API_URL", f"{url}/hub/api")
-    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
+    hub_port, service_port = free_port(), free_port()
+    hub_server = HTTPServer(hub_app)
+    hub_server.listen(hub_port, "127.0.0.1")
+    monkeypatch.setenv("JUPYTERHUB_API_URL", f"http://127.0.0.1:{hub_port}/hub/api")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", SERVICE_TOKEN)
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_URL", f"http://127.0.0.1:{service_port}")
     monkeypatch.delenv("GPULAB_METRICS_CONFIG", raising=False)
-    service = MetricsService(scrape_timeout_seconds=5, **traits)
+    # pushes in a test come faster than any server's period
+    service = MetricsService(min_push_interval_seconds=0)
     service.initialize([])
-    return service
+    service_server = HTTPServer(service.make_app())
+    service_server.listen(service_port, "127.0.0.1")
+    try:
+        yield World(hub, service, f"http://127.0.0.1:{service_port}/api/push")
+    finally:
+        service_server.stop()
+        hub_server.stop()
+        if service.client is not None:
+            service.client.close()
 
 
 def families(text: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -203,17 +212,17 @@ def families(text: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-async def test_a_cycle_scrapes_every_ready_server_and_keeps_the_hubs_labels(world, monkeypatch):
-    w, url = world
-    w.servers[("ada", "")] = FakeServer([GPU("GPU-a", 93.0, 70 * GIB, 80 * GIB)])
-    w.servers[("bob", "train")] = FakeServer(
-        [GPU("GPU-b0", 10.0), GPU("MIG-b1", None, temperature_c=None)], claims_user="ada"
-    )
-    service = make_service(url, monkeypatch)
-    await service.cycle()
+async def test_pushes_of_two_users_servers_are_served_with_the_hubs_labels(world: World) -> None:
+    world.hub.running |= {("ada", ""), ("bob", "train")}
+    await world.service.cycle()
+    await world.push_page("ada", "", [GPU("GPU-a", 93.0, 70 * GIB, 80 * GIB)])
+    # bob's page claims to be ada's: the labels are the hub's, not the page's
+    token = world.hub.server_token("bob", "train")
+    body = page([GPU("GPU-b0", 10.0), GPU("MIG-b1", None, temperature_c=None)], "ada", "")
+    r = await world.push(token, "bob", "train", body)
+    assert r.status_code == 202 and r.json()["user"] == "bob", r.text
 
-    assert sorted(w.requests) == ["ada/", "bob/train"]
-    metrics = families(exposition(service.aggregate))
+    metrics = families(exposition(world.service.aggregate))
     util = {
         (lb["user"], lb["server"], lb["gpu"]): v
         for lb, v in metrics["gpulab_gpu_utilization_ratio"]
@@ -223,37 +232,129 @@ async def test_a_cycle_scrapes_every_ready_server_and_keeps_the_hubs_labels(worl
     assert up == {("ada", ""): 1.0, ("bob", "train"): 1.0}  # not the page's spoofed 0
     assert "process_cpu_seconds" not in metrics
     assert metrics["gpulab_metrics_servers"] == [({}, 2.0)]
-    assert metrics["gpulab_metrics_cycles_total"] == [({}, 1.0)]
+    assert metrics["gpulab_metrics_pushes_total"] == [({}, 2.0)]
 
-    body = service.aggregate.servers_payload()
-    ada, bob = body["servers"]
-    assert (ada["user"], ada["server"], ada["up"]) == ("ada", "", True)
+    body_json = world.service.aggregate.servers_payload()
+    ada, bob = body_json["servers"]
+    assert (ada["user"], ada["server"], ada["up"], ada["pushes"]) == ("ada", "", True, 1)
     [gpu] = ada["gpus"]
     assert gpu["gpu"] == "GPU-a" and gpu["utilization_pct"] == pytest.approx(93.0)
     assert gpu["memory_used_mib"] == 70 * 1024 and gpu["memory_limit_mib"] == 80 * 1024
     assert [g["gpu"] for g in bob["gpus"]] == ["GPU-b0", "MIG-b1"]
     assert bob["gpus"][1]["utilization_pct"] is None and bob["gpus"][1]["temperature_c"] is None
-    json.dumps(body)
+    json.dumps(body_json)
 
 
-async def test_idle_rule_fires_on_the_idle_server_only_and_lists_it_for_culling(world, monkeypatch):
-    w, url = world
-    w.servers[("ada", "")] = FakeServer([GPU("GPU-a0", 1.0), GPU("GPU-a1", 0.0)])
-    w.servers[("bob", "")] = FakeServer([GPU("GPU-b0", 1.0), GPU("GPU-b1", 80.0)])  # half busy
-    service = make_service(
-        url,
-        monkeypatch,
-        rules='IF gpu_utilization < 5% FOR 1s THEN alert("IDLE_GPU", message="GPU idle")\n'
-        'IF gpu_memory_used > 95% THEN alert("MEMORY_FULL", severity="critical")',
+async def test_bobs_token_claiming_adas_server_is_refused_and_changes_nothing(world: World) -> None:
+    world.hub.running |= {("ada", ""), ("bob", "")}
+    await world.service.cycle()
+    await world.push_page("ada", "", [GPU("GPU-a", 10.0)])
+    before = world.service.aggregate.servers_payload()
+
+    bob = world.hub.server_token("bob", "")
+    r = await world.push(bob, "ada", "", page([GPU("GPU-a", 99.0)], "ada", ""))
+    assert r.status_code == 403, r.text
+    assert r.json()["message"] == "a token of 'bob' cannot report for a server of 'ada'"
+
+    after = world.service.aggregate.servers_payload()
+    assert after["servers"] == before["servers"]
+    assert after["push_refusals_total"] == 1
+    util = families(exposition(world.service.aggregate))["gpulab_gpu_utilization_ratio"]
+    assert util == [({"gpu": "GPU-a", "user": "ada", "server": ""}, 0.10)]
+
+
+async def test_a_servers_token_reports_for_that_server_only(world: World) -> None:
+    world.hub.running |= {("bob", ""), ("bob", "train")}
+    await world.service.cycle()
+    train = world.hub.server_token("bob", "train")
+    r = await world.push(train, "bob", "", page([GPU("GPU-b")], "bob", ""))
+    assert r.status_code == 403, r.text
+    assert "lacks access:servers!server=bob/" in r.json()["message"]
+    assert world.service.aggregate.servers["bob/"].pushes == 0
+
+
+async def test_a_push_for_a_server_that_does_not_run_is_refused(world: World) -> None:
+    await world.service.cycle()
+    token = world.hub.server_token("ada", "gone")
+    r = await world.push(token, "ada", "gone", page([GPU("GPU-a")], "ada", "gone"))
+    assert r.status_code == 403, r.text
+    assert r.json()["message"] == "'ada' has no running server 'gone'"
+    assert world.service.aggregate.servers == {}
+
+
+async def test_a_server_started_since_the_last_listing_is_checked_with_the_hub(
+    world: World,
+) -> None:
+    await world.service.cycle()
+    world.hub.running.add(("ada", "new"))  # after the listing
+    await world.push_page("ada", "new", [GPU("GPU-n")])
+    [server] = world.service.aggregate.servers_payload()["servers"]
+    assert (server["user"], server["server"], server["up"]) == ("ada", "new", True)
+    assert "/hub/api/users/ada" in world.hub.requests
+
+
+async def test_pushes_without_a_valid_user_token_are_refused(world: World) -> None:
+    world.hub.running.add(("ada", ""))
+    await world.service.cycle()
+    body = page([GPU("GPU-a")], "ada", "")
+    r = await world.push(None, "ada", "", body)
+    assert r.status_code == 401 and "Authorization: token" in r.json()["message"]
+    r = await world.push("not-a-token", "ada", "", body)
+    assert r.status_code == 403 and "not a valid hub token" in r.json()["message"]
+    world.hub.tokens["svc"] = {"kind": "service", "name": "other", "scopes": ["access:servers"]}
+    r = await world.push("svc", "ada", "", body)
+    assert r.status_code == 403 and "only servers push" in r.json()["message"]
+    assert world.service.aggregate.servers["ada/"].pushes == 0
+
+
+async def test_bad_push_bodies_are_refused_with_the_reason(world: World) -> None:
+    world.hub.running.add(("ada", ""))
+    await world.service.cycle()
+    token = world.hub.server_token("ada", "")
+    r = await world.push(token, "ada", "", b"this is { not prometheus\n")
+    assert r.status_code == 400 and "not a Prometheus text exposition" in r.json()["message"]
+    r = await world.push(token, "ada", "", b"\xff\xfe")
+    assert r.status_code == 400
+    world.service.max_push_bytes = 1000
+    r = await world.push(token, "ada", "", b"# " + b"x" * 2000 + b"\n")
+    assert r.status_code == 413 and "MetricsService.max_push_bytes" in r.json()["message"]
+    state = world.service.aggregate.servers["ada/"]
+    assert state.pushes == 0 and not state.up
+
+
+async def test_pushes_closer_than_the_minimum_interval_are_refused(world: World) -> None:
+    world.hub.running.add(("ada", ""))
+    await world.service.cycle()
+    world.service.min_push_interval_seconds = 3600
+    await world.push_page("ada", "", [GPU("GPU-a", 10.0)])
+    r = await world.push(world.hub.server_token("ada", ""), "ada", "", page([GPU("GPU-a")], "", ""))
+    assert r.status_code == 429 and "min_push_interval_seconds" in r.json()["message"]
+    assert world.service.aggregate.servers["ada/"].pushes == 1
+
+
+async def test_idle_rule_fires_on_the_idle_server_only_and_lists_it_for_culling(
+    world: World,
+) -> None:
+    world.service.aggregate = agg = Aggregate(
+        parse_rules(
+            'IF gpu_utilization < 5% FOR 1s THEN alert("IDLE_GPU", message="GPU idle")\n'
+            'IF gpu_memory_used > 95% THEN alert("MEMORY_FULL", severity="critical")'
+        )
     )
-    await service.cycle()
-    assert service.aggregate.alerts_payload()["alerts"] == []  # FOR 1s: not on the first sample
-    for _ in range(100):  # real scrapes a little later; bounded
+    world.hub.running |= {("ada", ""), ("bob", "")}
+    await world.service.cycle()
+    ada = [GPU("GPU-a0", 1.0), GPU("GPU-a1", 0.0)]
+    bob = [GPU("GPU-b0", 1.0), GPU("GPU-b1", 80.0)]  # half busy
+    await world.push_page("ada", "", ada)
+    await world.push_page("bob", "", bob)
+    assert agg.alerts_payload()["alerts"] == []  # FOR 1s: not on the first sample
+    for _ in range(100):  # real pushes a little later; bounded
         await asyncio.sleep(0.1)
-        await service.cycle()
-        if len(service.aggregate.alerts_payload()["alerts"]) >= 3:  # each server has its own clock
+        await world.push_page("ada", "", ada)
+        await world.push_page("bob", "", bob)
+        if len(agg.alerts_payload()["alerts"]) >= 3:  # each server has its own clock
             break
-    body = service.aggregate.alerts_payload()
+    body = agg.alerts_payload()
     firing = sorted((a["user"], a["gpu"], a["rule"], a["state"]) for a in body["alerts"])
     assert firing == [
         ("ada", "GPU-a0", "IDLE_GPU", "firing"),
@@ -263,83 +364,105 @@ async def test_idle_rule_fires_on_the_idle_server_only_and_lists_it_for_culling(
     assert {a["message"] for a in body["alerts"]} == {"GPU idle"}
     [idle] = body["idle_gpu_servers"]
     assert (idle["user"], idle["server"], idle["gpus"]) == ("ada", "", ["GPU-a0", "GPU-a1"])
-    metrics = families(exposition(service.aggregate))
-    assert len(metrics["gpulab_hub_alert_active"]) == 3
+    assert len(families(exposition(agg))["gpulab_hub_alert_active"]) == 3
 
     # ada fills her memory: a second rule fires with its own severity
-    w.servers[("ada", "")].gpus[0].used_bytes = 79 * GIB
-    await service.cycle()
-    full = [a for a in service.aggregate.active() if a["rule"] == "MEMORY_FULL"]
+    ada[0].used_bytes = 79 * GIB
+    await world.push_page("ada", "", ada)
+    full = [a for a in agg.active() if a["rule"] == "MEMORY_FULL"]
     assert [(a["gpu"], a["severity"]) for a in full] == [("GPU-a0", "critical")]
 
     # ada gets busy: her alerts resolve, she is no longer idle
-    for g in w.servers[("ada", "")].gpus:
+    for g in ada:
         g.utilization_pct = 60.0
-    await service.cycle()
-    body = service.aggregate.alerts_payload()
+    await world.push_page("ada", "", ada)
+    body = agg.alerts_payload()
     assert body["idle_gpu_servers"] == []
     resolved = [e for e in body["recent"] if e["state"] == "resolved" and e["user"] == "ada"]
     assert sorted(e["gpu"] for e in resolved if e["rule"] == "IDLE_GPU") == ["GPU-a0", "GPU-a1"]
 
 
-async def test_a_stopped_server_is_dropped_and_its_alerts_resolve(world, monkeypatch):
-    w, url = world
-    w.servers[("ada", "")] = FakeServer([GPU("GPU-a", 99.0)])
-    service = make_service(url, monkeypatch, rules='IF gpu_utilization > 90% THEN alert("BUSY")')
-    await service.cycle()
-    assert [a["user"] for a in service.aggregate.active()] == ["ada"]
-    del w.servers[("ada", "")]
-    await service.cycle()
-    assert service.aggregate.active() == []
-    assert service.aggregate.servers_payload()["servers"] == []
-    assert [(e["rule"], e["state"]) for e in service.aggregate.recent] == [
+async def test_a_stopped_server_is_dropped_and_its_alerts_resolve(world: World) -> None:
+    world.service.aggregate = agg = Aggregate(
+        parse_rules('IF gpu_utilization > 90% THEN alert("BUSY")')
+    )
+    world.hub.running.add(("ada", ""))
+    await world.service.cycle()
+    await world.push_page("ada", "", [GPU("GPU-a", 99.0)])
+    assert [a["user"] for a in agg.active()] == ["ada"]
+    world.hub.running.clear()
+    await world.service.cycle()
+    assert agg.active() == []
+    assert agg.servers_payload()["servers"] == []
+    assert [(e["rule"], e["state"]) for e in agg.recent] == [
         ("BUSY", "firing"),
         ("BUSY", "resolved"),
     ]
-    assert "gpulab_gpu_utilization_ratio" not in families(exposition(service.aggregate))
+    assert "gpulab_gpu_utilization_ratio" not in families(exposition(agg))
 
 
-async def test_failing_servers_are_down_with_a_reason_and_others_still_scraped(world, monkeypatch):
-    w, url = world
-    w.servers[("ada", "")] = FakeServer([GPU("GPU-a")])
-    w.servers[("bob", "")] = FakeServer([], status=403)
-    w.servers[("carol", "")] = FakeServer([], status=404)
-    w.servers[("dan", "")] = FakeServer([], body="this is { not prometheus\n")
-    service = make_service(url, monkeypatch)
-    await service.cycle()
-    body = {s["user"]: s for s in service.aggregate.servers_payload()["servers"]}
-    assert body["ada"]["up"] and body["ada"]["error"] == ""
-    assert not body["bob"]["up"] and "access:servers" in body["bob"]["error"]
-    assert not body["carol"]["up"] and "jupyterlab-gpulab" in body["carol"]["error"]
-    assert not body["dan"]["up"] and "not a Prometheus text exposition" in body["dan"]["error"]
-    metrics = families(exposition(service.aggregate))
-    up = {lb["user"]: v for lb, v in metrics["gpulab_scrape_up"]}
-    assert up == {"ada": 1.0, "bob": 0.0, "carol": 0.0, "dan": 0.0}
-    assert metrics["gpulab_metrics_scrape_failures_total"] == [({}, 3.0)]
+async def test_a_server_that_stops_pushing_is_down_until_it_pushes_again(world: World) -> None:
+    world.service.stale_after_seconds = 0.5
+    world.hub.running |= {("ada", ""), ("bob", "")}
+    await world.service.cycle()
+    await world.push_page("ada", "", [GPU("GPU-a")])
+    await asyncio.sleep(0.6)
+    await world.push_page("bob", "", [GPU("GPU-b")])
+    await world.service.cycle()
+    body = {s["user"]: s for s in world.service.aggregate.servers_payload()["servers"]}
+    assert not body["ada"]["up"] and body["ada"]["error"].startswith("no push for")
+    assert body["bob"]["up"] and body["bob"]["error"] == ""
+    metrics = families(exposition(world.service.aggregate))
+    assert {lb["user"]: v for lb, v in metrics["gpulab_scrape_up"]} == {"ada": 0.0, "bob": 1.0}
+    assert {lb["user"] for lb, _ in metrics["gpulab_gpu_utilization_ratio"]} == {"bob"}
+
+    await world.push_page("ada", "", [GPU("GPU-a")])
+    assert world.service.aggregate.servers["ada/"].up
 
 
-async def test_an_unreachable_server_is_down_and_the_cycle_finishes(monkeypatch, world):
-    _, url = world
-    service = make_service(url, monkeypatch, scrape_interval_seconds=1)
-    dead = Target("eve", "", f"http://127.0.0.1:{free_port()}/user/eve/gpulab/monitor/metrics")
-    service.aggregate.set_targets([dead], 0.0)
-    service.api_url = f"http://127.0.0.1:{free_port()}/hub/api"  # the hub is down too
-    await service.cycle()
-    body = service.aggregate.servers_payload()
+async def test_a_server_that_never_pushes_is_down_with_a_hint(world: World) -> None:
+    world.service.stale_after_seconds = 0.1
+    world.hub.running.add(("ada", ""))
+    await world.service.cycle()
+    await asyncio.sleep(0.2)
+    await world.service.cycle()
+    [ada] = world.service.aggregate.servers_payload()["servers"]
+    assert not ada["up"] and "is jupyterlab-gpulab installed" in ada["error"]
+
+
+async def test_while_the_hub_is_down_the_known_servers_are_kept(world: World) -> None:
+    world.hub.running.add(("ada", ""))
+    await world.service.cycle()
+    world.hub.down = True
+    await world.service.cycle()
+    body = world.service.aggregate.servers_payload()
     assert body["hub_error"].startswith("listing servers failed")
-    [eve] = body["servers"]  # kept: a hub that does not answer has not stopped anything
-    assert not eve["up"] and eve["error"]
+    assert [s["user"] for s in body["servers"]] == [
+        "ada"
+    ]  # a hub that does not answer stopped nothing
+    r = await world.push(world.hub.server_token("bob", ""), "bob", "", page([], "bob", ""))
+    assert r.status_code == 503 and "the hub did not" in r.json()["message"]
 
 
-async def test_a_server_exporting_too_many_series_is_capped(world, monkeypatch):
-    w, url = world
-    w.servers[("ada", "")] = FakeServer([GPU("GPU-a")], extra_series=5000)
-    service = make_service(url, monkeypatch, max_series_per_server=100)
-    await service.cycle()
-    [state] = service.aggregate.servers.values()
+async def test_a_server_pushing_too_many_series_is_capped(world: World) -> None:
+    world.service.max_series_per_server = 100
+    world.hub.running.add(("ada", ""))
+    await world.service.cycle()
+    await world.push_page("ada", "", [GPU("GPU-a")], extra_series=5000)
+    state = world.service.aggregate.servers["ada/"]
     assert state.up and state.result is not None
     assert sum(len(f.series) for f in state.result.families) == 100
     assert state.result.dropped_series > 4000
+
+
+async def test_the_service_asks_the_hub_only_and_never_a_server(world: World) -> None:
+    world.hub.running |= {("ada", ""), ("bob", "")}
+    await world.service.cycle()
+    await world.push_page("ada", "", [GPU("GPU-a")])
+    await world.push_page("bob", "", [GPU("GPU-b")])
+    await world.service.cycle()
+    paths = {uri.split("?")[0] for uri in world.hub.requests}
+    assert paths == {"/hub/api/users", "/hub/api/user"}
 
 
 def test_parse_exposition_forces_labels_and_converts_units():
@@ -351,7 +474,7 @@ def test_parse_exposition_forces_labels_and_converts_units():
         'gpulab_gpu_power_watts{gpu="G"} 250\n'
         'gpulab_gpu_power_watts{gpu="H"} NaN\n'
     )
-    fams, gpus, dropped = parse_exposition(text, Target("ada", "dev", "u"))
+    fams, gpus, dropped = parse_exposition(text, Target("ada", "dev"))
     assert dropped == 0
     [used, power] = fams
     assert [dict(s.labels) for s in used.series] == [{"gpu": "G", "user": "ada", "server": "dev"}]
@@ -359,73 +482,32 @@ def test_parse_exposition_forces_labels_and_converts_units():
     assert "H" not in gpus  # NaN is no figure
 
 
-def test_targets_are_the_ready_servers_at_their_proxy_route_targets():
+def test_targets_are_every_active_server_ready_or_starting():
     users = [
-        {"name": "ada", "servers": {"": {"ready": True, "url": "/user/ada/"}}},
-        {"name": "bob", "servers": {"gpu": {"ready": True, "url": "/base/user/bob/gpu/"}}},
-        {"name": "cy", "servers": {"": {"ready": False, "url": "/user/cy/"}}},
+        {"name": "ada", "servers": {"": {"ready": True}}},
+        {"name": "bob", "servers": {"gpu": {"ready": True}, "new": {"ready": False}}},
         {"name": "dee"},
-        {"name": "eve", "servers": {"": {"ready": True, "url": "/user/eve/"}}},
     ]
-    routes = {
-        "/": {"target": "http://127.0.0.1:8081", "data": {"hub": True}},
-        "/user/ada/": {
-            "target": "http://10.0.0.5:8888",
-            "data": {"user": "ada", "server_name": ""},
-        },
-        "/base/user/bob/gpu/": {
-            "target": "http://127.0.0.1:50123/",
-            "data": {"user": "bob", "server_name": "gpu"},
-        },
-        "/services/x/": {"target": "http://127.0.0.1:9", "data": {"service": "x"}},
-    }
-    assert targets_from_users(users, routes) == [
-        Target("ada", "", "http://10.0.0.5:8888/user/ada/gpulab/monitor/metrics"),
-        Target("bob", "gpu", "http://127.0.0.1:50123/base/user/bob/gpu/gpulab/monitor/metrics"),
-        Target("eve", "", ""),  # ready, but not routed (yet): listed as down, not scraped
+    assert targets_from_users(users) == [
+        Target("ada", ""),
+        Target("bob", "gpu"),
+        Target("bob", "new"),  # its extension may push before the hub saw it answer
     ]
 
 
-async def test_a_ready_server_without_a_route_is_down_with_the_reason(world, monkeypatch):
-    w, url = world
-    w.servers[("ada", "")] = FakeServer([GPU("GPU-a")])
-    w.unrouted.add(("ada", ""))
-    service = make_service(url, monkeypatch)
-    await service.cycle()
-    [ada] = service.aggregate.servers_payload()["servers"]
-    assert not ada["up"] and "no route" in ada["error"]
-    assert w.requests == []
-
-
-def test_bad_rules_are_refused_at_load_time_with_the_option_and_position():
+def test_bad_options_are_refused_at_load_time_with_the_option():
     with pytest.raises(TraitError, match=r"MetricsService.rules: line 1, column 4: unknown metric"):
         MetricsService(rules='IF gpu_idle < 5% THEN alert("X")')
-    with pytest.raises(TraitError, match="scrape_interval_seconds must be more than 0"):
-        MetricsService(scrape_interval_seconds=0)
+    with pytest.raises(TraitError, match="listing_interval_seconds must be more than 0"):
+        MetricsService(listing_interval_seconds=0)
+    with pytest.raises(TraitError, match="max_push_bytes must be at least 1"):
+        MetricsService(max_push_bytes=0)
 
 
-async def test_servers_are_scraped_concurrently(world, monkeypatch):
-    w, url = world
-    # each answers only once all three were asked: scraping one after the other would time out
-    for user in ("ada", "bob", "cy"):
-        w.servers[(user, "")] = FakeServer([GPU(f"GPU-{user}")], rendezvous=True)
-    service = make_service(url, monkeypatch)
-    await service.cycle()
-    assert [s["up"] for s in service.aggregate.servers_payload()["servers"]] == [True] * 3
-
-
-async def test_a_server_that_never_answers_times_out_without_holding_up_the_others(
-    world, monkeypatch
-):
-    w, url = world
-    w.servers[("ada", "")] = FakeServer([GPU("GPU-a")])
-    w.servers[("bob", "")] = FakeServer([GPU("GPU-b")], hang=True)
-    service = make_service(url, monkeypatch)
-    service.scrape_timeout_seconds = 1
-    await service.cycle()
-    body = {s["user"]: s for s in service.aggregate.servers_payload()["servers"]}
-    assert body["ada"]["up"]
-    assert not body["bob"]["up"] and "Timeout" in body["bob"]["error"]
+def test_staleness_follows_the_push_interval_the_hub_sets(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("GPULAB_METRICS_PUSH_INTERVAL_SECONDS", "2")
+    service = MetricsService()
+    assert (service.push_interval_seconds, service.stale_after_seconds) == (2.0, 6.0)
 
 
 def test_a_bad_config_file_keeps_the_service_running_on_defaults_and_says_why(
@@ -433,7 +515,7 @@ def test_a_bad_config_file_keeps_the_service_running_on_defaults_and_says_why(
 ):
     config = tmp_path / "metrics_config.py"
     config.write_text("c.MetricsService.rules = 'IF gpu_utilization < 5 THEN alert(\"IDLE\")'\n")
-    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", SERVICE_TOKEN)
     service = MetricsService(config_file=str(config))
     service.initialize([])
     body = service.aggregate.alerts_payload()
