@@ -15,6 +15,7 @@ from traitlets.config import Configurable
 from .fanout import Fanout, Subscriber, clamp_rate
 from .lag import LoopLagMeter
 from .metrics import GPUCollector, exposition, make_registry
+from .push import PUSH_INTERVAL_ENV, PUSH_URL_ENV, MetricsPusher, push_settings_from_env
 from .rules import RuleBook
 from .sampler import MIN_PERIOD_SECONDS, Sample, Sampler
 from .share import Share, share_from_env
@@ -146,6 +147,37 @@ class GPUMonitor(Configurable):
         GET gpulab/monitor/lag (for benchmarks; off in production).""",
     )
 
+    push_url = Unicode(
+        config=True,
+        help=f"""Where this server pushes its Prometheus metrics (the hub's gpulab-metrics
+        service, POST <push_url>/<user>[/<server>]); empty: no push. Defaults to ${PUSH_URL_ENV},
+        which the hub sets for every server.""",
+    )
+
+    @default("push_url")
+    def _default_push_url(self) -> str:
+        return os.environ.get(PUSH_URL_ENV, "").strip()
+
+    push_interval_seconds = Float(
+        config=True,
+        help=f"""Seconds between two pushes to push_url. Defaults to ${PUSH_INTERVAL_ENV}, which
+        the hub sets to the cadence its service expects (15).""",
+    )
+
+    @default("push_interval_seconds")
+    def _default_push_interval(self) -> float:
+        try:
+            return push_settings_from_env()[1]
+        except ValueError as e:
+            raise TraitError(f"GPUMonitor.push_interval_seconds: {e}") from None
+
+    @validate("push_interval_seconds")
+    def _validate_push_interval(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if not value > 0:
+            raise TraitError(f"GPUMonitor.push_interval_seconds={value} must be positive")
+        return value
+
     # -- runtime -------------------------------------------------------------------------------
 
     def __init__(self, share: Share | None = None, src: Source | None = None, **kw: Any) -> None:
@@ -164,6 +196,7 @@ class GPUMonitor(Configurable):
             self.device_source, self.period_seconds, self.history_seconds, self._on_sample
         )
         self.lag = LoopLagMeter() if self.measure_loop_lag else None
+        self.pusher: MetricsPusher | None = None
         self.registry = make_registry(
             GPUCollector(
                 self.share.user,
@@ -184,6 +217,7 @@ class GPUMonitor(Configurable):
             self.sampler.start(loop)
         if self.lag is not None:
             self.lag.start(loop)
+        self._start_push(loop)
         log.info(
             "gpulab monitor: %s source, %d device(s), sampling every %.2f s for %s/%s",
             self.device_source.kind,
@@ -193,7 +227,32 @@ class GPUMonitor(Configurable):
             self.share.server or "(default)",
         )
 
+    def _start_push(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.push_url:
+            return  # no hub service to report to (a server started outside JupyterHub)
+        # the server's own hub token, and only to the hub's service: see push.py for why no
+        # other tenant can use it
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        if not token or not self.share.user:
+            log.warning(
+                "gpulab monitor: not pushing metrics to %s: $JUPYTERHUB_API_TOKEN or"
+                " $JUPYTERHUB_USER is not set (is this server started by JupyterHub?)",
+                self.push_url,
+            )
+            return
+        self.pusher = MetricsPusher(
+            self.push_url,
+            token,
+            self.share.user,
+            self.share.server,
+            self.metrics_text,
+            self.push_interval_seconds,
+        )
+        self.pusher.start(loop)
+
     def stop(self) -> None:
+        if self.pusher is not None:
+            self.pusher.stop()
         self.sampler.stop()
         if self.lag is not None:
             self.lag.stop()
@@ -246,6 +305,16 @@ class GPUMonitor(Configurable):
             "sampler_wall_seconds": s.wall_seconds,
             "source_calls": self.device_source.call_counts(),
             "clients": len(self.fanout),
+            "push": None
+            if self.pusher is None
+            else {
+                "url": self.pusher.url,
+                "interval_seconds": self.pusher.interval_seconds,
+                "pushes": self.pusher.pushes,
+                "failures": self.pusher.failures,
+                "error": self.pusher.error,
+                "last_push": self.pusher.last_push,
+            },
         }
 
     def metrics_text(self) -> bytes:
