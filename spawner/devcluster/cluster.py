@@ -210,6 +210,9 @@ class DevCluster:
         if not etcd:
             raise DevClusterError("etcd is not installed: apt-get install -y etcd-server")
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        # root's alone: the kubeconfig and cluster.json hold a cluster-admin token, and pods run
+        # as other uids (runAsUser) on this machine's file system
+        self.state_dir.chmod(0o700)
         self._clean_data()
         t0 = time.monotonic()
         deadline = t0 + timeout

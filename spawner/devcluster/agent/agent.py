@@ -117,6 +117,13 @@ class Agent:
         self.api = await api_client(self.kubeconfig, connections=2 * len(self.specs) + 40)
         self.base_env = self._base_env()
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        for private in ("pods", "volumes", "snapshots"):
+            # the agent's alone: pods run as other uids (runAsUser) on this machine's file system,
+            # and must reach their volumes, keys and logs only where they are mounted in their own
+            # mount namespace, never another pod's through these folders
+            d = self.state_dir / private
+            d.mkdir(exist_ok=True)
+            d.chmod(0o700)
         for i, spec in enumerate(self.specs):
             self.nodes[spec.name] = SimulatedNode(self, spec, i)
         volumes, snapshot_store = self.state_dir / "volumes", self.state_dir / "snapshots"

@@ -3,12 +3,15 @@
     python launcher.py SPEC.json [FD]    (status lines go to FD, default 3: the agent's pipe)
 
 SPEC: {"argv": [...], "env": {...}, "workingDir": "/x", "mounts": [{"source", "target",
-"readOnly", "file"}]}. Three processes, like a container runtime with tini:
+"readOnly", "file"}], "identity": {"uid", "gid", "groups", "noNewPrivs", "dropCapabilities"}}.
+Three processes, like a container runtime with tini:
 
 - this launcher (host PID namespace; dies with the agent via PDEATHSIG) unshares mount + PID
   namespaces, makes mounts private and bind-mounts the volumes at their mount paths;
-- its child is PID 1 of the new namespace: mounts /proc, forwards signals, reaps orphans and exits
-  with the container's status; when it exits the kernel kills everything left in the namespace;
+- its child is PID 1 of the new namespace: mounts /proc, becomes the container's identity (drops
+  capabilities from the bounding set, sets no_new_privs, groups, gid, uid: nothing in the pod's
+  namespace keeps root's powers), forwards signals, reaps orphans and exits with the container's
+  status; when it exits the kernel kills everything left in the namespace;
 - the grandchild chdirs and execs ``argv`` with exactly ``env``.
 
 Status lines (JSON) on fd 3: {"event": "started", "pid": <host pid of PID 1>} once the exec
@@ -21,6 +24,7 @@ import ctypes
 import json
 import os
 import signal
+import stat
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -28,6 +32,8 @@ CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 FORWARDED = (
     signal.SIGTERM,
     signal.SIGINT,
@@ -77,19 +83,96 @@ def _set_up_mounts(mounts) -> None:
             _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint32) for n in ("effective", "permitted", "inheritable")]
+
+
+def _drop_bounding(caps) -> None:
+    """Out of the bounding set: no exec can regain them (dropping needs CAP_SETPCAP: first)."""
+    for cap in caps:
+        _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"dropping capability {cap}")
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+
+def _drop_held(caps) -> None:
+    """Out of the effective, permitted and inheritable sets of a process that stays root."""
+    header, data = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    _check(libc.capget(ctypes.byref(header), data), "capget")
+    for cap in caps:
+        word, bit = divmod(cap, 32)
+        for name in ("effective", "permitted", "inheritable"):
+            setattr(data[word], name, getattr(data[word], name) & ~(1 << bit))
+    _check(libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _become(ident) -> None:
+    """The container's identity: bounding set, groups, gid, uid (which clears every capability
+    of a process leaving uid 0), then what a process staying root must still lose."""
+    if not ident:
+        return
+    caps = ident.get("dropCapabilities") or []
+    _drop_bounding(caps)
+    uid, gid = int(ident["uid"]), int(ident["gid"])
+    os.setgroups([int(g) for g in ident.get("groups") or []])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if caps and os.geteuid() == 0:
+        _drop_held(caps)
+    if ident.get("noNewPrivs"):
+        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def _blocked_at(path):
+    """The first directory on the way to `path` this process may not search, or None."""
+    parts = os.path.abspath(path).split("/")[1:]
+    here = "/"
+    for part in parts[:-1]:
+        here = os.path.join(here, part)
+        if not os.access(here, os.X_OK):
+            return here
+    return None
+
+
+def _permission_hint(path) -> str:
+    blocked = _blocked_at(path)
+    if blocked is None:
+        return ""
+    st = os.stat(blocked)
+    return (
+        f"; {blocked} (mode {stat.filemode(st.st_mode)}, uid {st.st_uid}) is not searchable by "
+        f"uid {os.getuid()} gid {os.getgid()}: the pod's command, its Python environment and the "
+        "checkout it imports must be reachable by the pod's runAsUser (chmod o+x on the parent "
+        "directories)"
+    )
+
+
 def _exec_container(spec, err_w) -> None:
     for sig in (*FORWARDED, signal.SIGPIPE, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    wd = spec.get("workingDir") or "/"
     try:
         os.setsid()
-        wd = spec.get("workingDir") or "/"
-        os.makedirs(wd, exist_ok=True)
-        os.chdir(wd)
+        try:
+            os.chdir(wd)
+        except OSError as e:
+            msg = f'chdir to cwd ("{wd}") set in config.json failed: {e.strerror}'
+            os.write(err_w, (msg + _permission_hint(os.path.join(wd, "."))).encode())
+            os._exit(128)
         argv = spec["argv"]
         os.execvpe(argv[0], argv, spec["env"])
     except OSError as e:
-        what = "executable file not found in $PATH" if e.errno == 2 else e.strerror
+        if e.errno == 2:
+            what = "executable file not found in $PATH"
+        elif e.errno == 13:
+            exe = _which(spec["argv"][0], spec["env"].get("PATH", ""))
+            what = f"permission denied{_permission_hint(exe)}"
+        else:
+            what = e.strerror
         msg = f'exec: "{spec["argv"][0]}": {what}'
         os.write(err_w, msg.encode())
     except BaseException as e:  # never return into the caller's code from a forked child
@@ -97,11 +180,29 @@ def _exec_container(spec, err_w) -> None:
     os._exit(128)
 
 
+def _which(name, path) -> str:
+    if "/" in name:
+        return name
+    for d in path.split(os.pathsep):
+        candidate = os.path.join(d or ".", name)
+        if os.path.exists(candidate):
+            return candidate
+    return name
+
+
 def _init(spec, err_w) -> None:
     """PID 1 of the pod's namespace."""
     _pdeathsig()
     with contextlib.suppress(OSError):  # a /proc of the host namespace still works for most
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    try:
+        # as a runtime creates a missing cwd (as root) before the process starts
+        os.makedirs(spec.get("workingDir") or "/", exist_ok=True)
+        _become(spec.get("identity"))
+    except OSError as e:
+        os.write(err_w, f"setting the container's identity: {e}".encode())
+        os._exit(128)
+    _pdeathsig()  # a change of credentials clears it
     child = os.fork()
     if child == 0:
         _exec_container(spec, err_w)

@@ -5,14 +5,16 @@ Per pod a PodWorker: volumes -> init containers -> containers (one launcher each
 preStop, SIGTERM, SIGKILL after the grace period, then delete with gracePeriodSeconds=0.
 
 Differences from a kubelet (documented in the package README): images are ignored (command + args
-run on the host), securityContext.runAsUser/fsGroup are ignored (processes run as the agent's
-user), liveness/startup probes are ignored, readiness probes (httpGet, tcpSocket, exec) are run.
+run on the host; the "image's user" is the agent's), securityContext is applied as far as
+`podsecurity` says (uid, gids, fsGroup, runAsNonRoot, no_new_privs, capabilities; no seccomp),
+liveness/startup probes are ignored, readiness probes (httpGet, tcpSocket, exec) are run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import ssl
 import time
@@ -23,7 +25,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 
-from . import podenv, podvolumes
+from . import podenv, podsecurity, podvolumes
 from .devices import Devices
 from .kube import MERGE, Events, log, now, raw, status_of, watch_forever
 from .runtime import ContainerProcess, HostPaths, StartError
@@ -80,6 +82,7 @@ class ContainerState:
     terminated: dict[str, Any] | None = None
     last_state: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    identity: podsecurity.Identity | None = None
 
     @property
     def name(self) -> str:
@@ -314,8 +317,9 @@ class PodWorker:
     # -- volumes and containers -------------------------------------------------------------
 
     def _jupyter_allow_root(self) -> None:
-        """Processes run as root here, where an image would run as its USER (jovyan): let a
-        Jupyter server start as root instead of refusing (found via JUPYTER_CONFIG_PATH)."""
+        """Containers without runAsUser run as the agent's account (root) here, where an image
+        would run as its USER (jovyan): let a Jupyter server start as root instead of refusing
+        (found via JUPYTER_CONFIG_PATH, set for root containers only)."""
         d = self.dir / "jupyter-config"
         d.mkdir(exist_ok=True)
         (d / "jupyter_server_config.json").write_text('{"ServerApp": {"allow_root": true}}\n')
@@ -323,7 +327,9 @@ class PodWorker:
     async def _prepare_volumes(self) -> dict[str, tuple[Path, bool]] | None:
         while not self.deleting:
             try:
-                volumes = await podvolumes.prepare(self.node.core, self.pod, self.dir)
+                volumes = await podvolumes.prepare(
+                    self.node.core, self.pod, self.dir, fs_group=podsecurity.fs_group(self.pod)
+                )
                 self.mount_message = None
                 return volumes
             except podvolumes.MountError as e:
@@ -351,12 +357,18 @@ class PodWorker:
         }
         secrets = getattr(self, "_secrets", {})
         configmaps = getattr(self, "_configmaps", {})
+        ident = podsecurity.identity(self.pod, cs.spec, image_uid=os.getuid())
+        cs.identity = ident
+        # the pod folders are the agent's alone (0700): a process of another uid finds its
+        # HOME where a runtime would put it, and reaches its volumes only at their mount paths
+        as_agent = ident.uid == os.getuid()
         base = {
             **self.node.base_env,
-            "HOME": str(self.dir / "home"),
+            "HOME": podsecurity.default_home(ident.uid, str(self.dir / "home")),
             "HOSTNAME": self.name,
-            "JUPYTER_CONFIG_PATH": str(self.dir / "jupyter-config"),
         }
+        if as_agent:
+            base["JUPYTER_CONFIG_PATH"] = str(self.dir / "jupyter-config")
         cs.env = podenv.container_env(
             pod,
             cs.spec,
@@ -398,10 +410,16 @@ class PodWorker:
             t = Path(m["target"])
             if not covered(t):
                 self.held += self.node.host_paths.acquire(t, is_file=m["file"])
-        wd = cs.spec.get("workingDir") or str(self.dir / "home")
+        wd = cs.spec.get("workingDir") or (str(self.dir / "home") if as_agent else "/")
         if not covered(Path(wd)) and Path(wd) not in targets and not Path(wd).exists():
             self.held += self.node.host_paths.acquire(Path(wd))
-        return {"argv": argv, "env": cs.env, "workingDir": wd, "mounts": mounts}
+        return {
+            "argv": argv,
+            "env": cs.env,
+            "workingDir": wd,
+            "mounts": mounts,
+            "identity": ident.as_spec(),
+        }
 
     async def _load_env_objects(self) -> None:
         cms, secs = podenv.referenced_objects(self.pod)
@@ -428,7 +446,7 @@ class PodWorker:
         try:
             await self._load_env_objects()
             launch = self._launch_spec(cs, volumes)
-        except podenv.EnvError as e:
+        except (podenv.EnvError, podsecurity.SecurityConfigError) as e:
             cs.waiting = {"reason": "CreateContainerConfigError", "message": str(e)}
             self.dirty.set()
             await self.node.events.emit(
@@ -614,7 +632,10 @@ class PodWorker:
                 return True
             if "exec" in probe and cs.proc is not None:
                 wd = cs.spec.get("workingDir")
-                return await cs.proc.exec(probe["exec"]["command"], cs.env, wd, timeout) == 0
+                rc = await cs.proc.exec(
+                    probe["exec"]["command"], cs.env, wd, timeout, identity=cs.identity
+                )
+                return rc == 0
         except (OSError, asyncio.TimeoutError, aiohttp.ClientError, ValueError):
             return False
         return False
@@ -668,7 +689,11 @@ class PodWorker:
             return
         if "exec" in hook:
             rc = await cs.proc.exec(
-                hook["exec"]["command"], cs.env, cs.spec.get("workingDir"), remaining
+                hook["exec"]["command"],
+                cs.env,
+                cs.spec.get("workingDir"),
+                remaining,
+                identity=cs.identity,
             )
             if rc != 0:
                 await self.node.events.emit(

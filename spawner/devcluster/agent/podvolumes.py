@@ -2,10 +2,16 @@
 
 ConfigMaps and Secrets are written once when the pod starts (no live updates). The result feeds
 launcher.py, which bind-mounts each source at its mountPath in the pod's mount namespace.
+
+fsGroup is applied as the kubelet does (podsecurity.set_volume_ownership) to the volumes whose
+plugins support ownership management: emptyDir, configMap, secret, downwardAPI, projected, and
+claims of the agent's own class `gpulab-local` (like a CSI driver with fsGroupPolicy File); never
+to hostPath, which stays as the host has it. emptyDir folders are 0777, as the kubelet makes them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shutil
@@ -16,6 +22,8 @@ from kubernetes_asyncio import client
 
 from .kube import raw, status_of
 from .podenv import field_value
+from .podsecurity import set_volume_ownership
+from .volumes import STORAGE_CLASS
 
 
 class MountError(RuntimeError):
@@ -79,16 +87,36 @@ def _host_path(hp: dict[str, Any]) -> Path:
 
 
 async def prepare(
-    core: client.CoreV1Api, pod: dict[str, Any], pod_dir: Path
+    core: client.CoreV1Api, pod: dict[str, Any], pod_dir: Path, *, fs_group: int | None = None
 ) -> dict[str, tuple[Path, bool]]:
-    """Volume name -> (host source path, read-only) for every volume of the pod."""
+    """Volume name -> (host source path, read-only) for every volume of the pod, group-owned by
+    `fs_group` where the kubelet would make them so."""
+    managed: set[str] = set()
+    out = await _prepare(core, pod, pod_dir, managed)
+    if fs_group is not None:
+        for name in sorted(managed):
+            path, read_only = out[name]
+            await asyncio.to_thread(set_volume_ownership, path, fs_group, read_only=read_only)
+    return out
+
+
+_OWNERSHIP_MANAGED = ("emptyDir", "configMap", "secret", "downwardAPI", "projected")
+
+
+async def _prepare(
+    core: client.CoreV1Api, pod: dict[str, Any], pod_dir: Path, managed: set[str]
+) -> dict[str, tuple[Path, bool]]:
+    """The volumes; the names of those whose ownership the kubelet manages added to `managed`."""
     ns = pod["metadata"]["namespace"]
     out: dict[str, tuple[Path, bool]] = {}
     for vol in (pod.get("spec") or {}).get("volumes") or []:
         name = vol["name"]
+        if any(k in vol for k in _OWNERSHIP_MANAGED):
+            managed.add(name)
         target = pod_dir / "volumes" / name
         if "emptyDir" in vol:
             target.mkdir(parents=True, exist_ok=True)
+            target.chmod(0o777)  # the kubelet's emptyDir mode: any uid of the pod may write
             out[name] = (target, False)
         elif "hostPath" in vol:
             out[name] = (_host_path(vol["hostPath"]), False)
@@ -116,6 +144,8 @@ async def prepare(
             if not src:
                 raise MountError(f'persistentvolume "{pv_name}" has no hostPath or local path')
             out[name] = (_ensure_dir(Path(src)), bool(vol["persistentVolumeClaim"].get("readOnly")))
+            if pv_spec.get("storageClassName") == STORAGE_CLASS:
+                managed.add(name)
         elif "configMap" in vol or "secret" in vol:
             is_secret = "secret" in vol
             src = vol["secret" if is_secret else "configMap"]

@@ -18,8 +18,32 @@ from pathlib import Path
 from typing import Any
 
 from .kube import log, now
+from .podsecurity import CAPABILITIES, Identity, last_capability
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
+
+
+def setpriv_prefix(identity: Identity | None) -> list[str]:
+    """util-linux setpriv arguments that give an exec'd process the container's identity."""
+    if identity is None or (
+        identity.uid == os.getuid()
+        and identity.gid == os.getgid()
+        and not (identity.groups or identity.no_new_privs or identity.drop_capabilities)
+    ):
+        return []
+    cmd = ["setpriv", f"--reuid={identity.uid}", f"--regid={identity.gid}"]
+    if identity.groups:
+        cmd.append("--groups=" + ",".join(str(g) for g in identity.groups))
+    else:
+        cmd.append("--clear-groups")
+    if identity.no_new_privs:
+        cmd.append("--no-new-privs")
+    if identity.drop_capabilities:
+        caps = identity.drop_capabilities
+        everything = len(caps) >= len(CAPABILITIES) or caps == tuple(range(last_capability() + 1))
+        dropped = "-all" if everything else ",".join(f"-{CAPABILITIES[c].lower()}" for c in caps)
+        cmd += [f"--bounding-set={dropped}", f"--inh-caps={dropped}"]
+    return [*cmd, "--"]
 
 
 class StartError(RuntimeError):
@@ -198,17 +222,25 @@ class ContainerProcess:
         return await self.wait()
 
     async def exec(
-        self, argv: list[str], env: dict[str, str], cwd: str | None, timeout: float
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        timeout: float,
+        *,
+        identity: Identity | None = None,
     ) -> int:
-        """Run argv inside the container's namespaces (nsenter), as a preStop or probe exec."""
+        """Run argv inside the container's namespaces (nsenter), as a preStop or probe exec,
+        with the container's identity (an exec is no way back to root)."""
         if not self.running or not self.init_pid:
             return -1
         cmd = ["nsenter", f"--target={self.init_pid}", "--mount", "--pid"]
         if cwd:
             cmd.append(f"--wd={cwd}")
+        cmd += ["--", *setpriv_prefix(identity)]
         with self.log_file.open("ab") as out:
             p = await asyncio.create_subprocess_exec(
-                *cmd, "--", *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
+                *cmd, *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
             )
         try:
             return await asyncio.wait_for(p.wait(), max(0.1, timeout))

@@ -208,7 +208,9 @@ class Provisioner:
             await asyncio.to_thread(trees.clone, snap, path)
         else:
             path.mkdir(parents=True, exist_ok=True)
-        path.chmod(0o777)
+        # the provisioner's own; pods write it through their fsGroup (podvolumes), as on a CSI
+        # volume, and no other account of the machine reaches it (the volumes folder is 0700)
+        path.chmod(0o755)
         size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
         pv = {
             "apiVersion": "v1",
