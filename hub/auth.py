@@ -3,34 +3,154 @@
 No password is ever hard-coded: on the first start a random one is generated for the initial admin
 and written to a file only the hub's account can read; the admin changes it after logging in
 (/hub/change-password) and approves users who sign up (/hub/authorize).
+
+Login hardening uses NativeAuthenticator's own options (minimum password length, the
+common-password list, lockout after failed logins; set in the shipped config). On top of them:
+approving, unapproving and discarding a user are POSTs with JupyterHub's XSRF token (a link in a
+mail cannot approve anyone), and the login page says when an account waits for approval or is
+locked instead of "Invalid username or password".
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from jupyterhub.handlers.login import LoginHandler as HubLoginHandler
+from jupyterhub.scopes import needs_scope
 from nativeauthenticator import NativeAuthenticator
+from nativeauthenticator.handlers import LocalBase
 from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
+from nativeauthenticator.orm import UserInfo
+from tornado import web
 from traitlets import TraitError, Unicode, default
 
 from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.handlers import gpulab_handlers
 from gpulab.hub.inventory import InventoryError
 from gpulab.hub.profiles import ProfileError
+from gpulab.hub.refusals import install_quiet_refusals, shown
+from gpulab.hub.server_handlers import server_handler_overrides
+
+TEMPLATES = Path(__file__).parent / "templates"
 
 
 class GPULabLoginHandler(NativeLoginHandler):
     """NativeAuthenticator's login page with JupyterHub 6's login flow: its own POST handler uses
     the removed `statsd` attribute, and JupyterHub now passes extra template arguments."""
 
-    def _render(self, login_error: str | None = None, username: str | None = None, **_: Any) -> Any:
-        return NativeLoginHandler._render(self, login_error=login_error, username=username)
+    async def _render(
+        self, login_error: str | None = None, username: str | None = None, **_: Any
+    ) -> Any:
+        if login_error and self.request.method == "POST":
+            login_error = await self._why_refused() or login_error
+        return await NativeLoginHandler._render(self, login_error=login_error, username=username)
+
+    async def _why_refused(self) -> str | None:
+        """A refused login with the right password: waiting for approval, or locked out."""
+        authenticator = self.authenticator
+        username = authenticator.normalize_username(self.get_body_argument("username", "").strip())
+        password = self.get_body_argument("password", "", strip=False)
+        info = authenticator.get_user(username)
+        if info is None:
+            return None
+        if authenticator.allowed_failed_logins and authenticator.is_blocked(username):
+            attempt = authenticator.login_attempts[username]
+            elapsed = (datetime.now() - attempt["time"]).total_seconds()
+            wait = max(1, int(authenticator.seconds_before_next_try - elapsed) + 1)
+            return f"Too many failed logins for {shown(username)}: try again in {wait} seconds."
+        # bcrypt takes a tenth of a second: off the event loop
+        if not info.is_authorized and await asyncio.to_thread(info.is_valid_password, password):
+            return (
+                f"Your account {shown(username)} is waiting for an admin's approval; "
+                "you can log in once an admin has approved it."
+            )
+        return None
 
     post = HubLoginHandler.post
+
+
+class _AuthorizationBase(LocalBase):
+    """The approval pages: changes only by POST with JupyterHub's XSRF token, admins only."""
+
+    def _user_info(self, username: str) -> Any:
+        info = self.authenticator.get_user(username)
+        if info is None:
+            raise web.HTTPError(404, f"No signed-up user {shown(username)}")
+        return info
+
+    def _back(self, username: str = "") -> None:
+        self.redirect(self.hub.base_url + "authorize" + (f"#{username}" if username else ""))
+
+
+class AuthorizationAreaHandler(_AuthorizationBase):
+    """GET /hub/authorize: every signed-up user with Approve / Unapprove / Discard buttons."""
+
+    @needs_scope("admin:users")
+    async def get(self) -> None:
+        env = self.settings["jinja2_env"]
+        template = env.from_string((TEMPLATES / "gpulab-authorize.html").read_text())
+        ns = dict(self.template_namespace)
+        ns.update(
+            ask_email=self.authenticator.ask_email_on_signup,
+            users=self.db.query(UserInfo).order_by(UserInfo.username).all(),
+            xsrf_token=self.xsrf_token.decode("ascii"),
+        )
+        self.finish(await template.render_async(**ns))
+
+
+class ApproveUserHandler(_AuthorizationBase):
+    """POST /hub/authorize/{user} with action=approve|unapprove (not a toggle: a replayed
+    request does not undo itself). A GET changes nothing."""
+
+    @needs_scope("admin:users")
+    async def get(self, username: str) -> None:
+        raise web.HTTPError(
+            405, "Approving a user takes the Approve button on /hub/authorize (a POST), not a link"
+        )
+
+    @needs_scope("admin:users")
+    async def post(self, username: str) -> None:
+        info = self._user_info(username)
+        action = self.get_body_argument("action", "")
+        if action not in ("approve", "unapprove"):
+            raise web.HTTPError(400, f"Unknown action {shown(action)}: approve or unapprove")
+        info.is_authorized = action == "approve"
+        self.db.commit()
+        self.log.info("%s %sd user %s", self.current_user.name, action, username)
+        self._back(username)
+
+
+class DiscardUserHandler(_AuthorizationBase):
+    """POST /hub/discard/{user}: forget a user who signed up and was never approved."""
+
+    @needs_scope("admin:users")
+    async def get(self, username: str) -> None:
+        raise web.HTTPError(
+            405, "Discarding a user takes the Discard button on /hub/authorize (a POST), not a link"
+        )
+
+    @needs_scope("admin:users")
+    async def post(self, username: str) -> None:
+        info = self._user_info(username)
+        if info.is_authorized:
+            raise web.HTTPError(409, f"{shown(username)} is approved: unapprove them first")
+        self.authenticator.delete_user(type("User", (), {"name": username}))
+        if self.users.get(username) is not None:
+            self.users.delete(username)
+        self._back()
+
+
+_REPLACED = {
+    r"/login": GPULabLoginHandler,
+    r"/authorize": AuthorizationAreaHandler,
+    r"/authorize/([^/]*)": ApproveUserHandler,
+    r"/discard/([^/]*)": DiscardUserHandler,
+}
 
 
 class GPULabAuthenticator(NativeAuthenticator):
@@ -56,6 +176,8 @@ class GPULabAuthenticator(NativeAuthenticator):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # the hub's logger (spawners and handlers log there): a refused spawn is one line
+        install_quiet_refusals(self.log)
         self.ensure_initial_admin()
         self.check_gpu_configuration()
 
@@ -93,7 +215,8 @@ class GPULabAuthenticator(NativeAuthenticator):
 
     def get_handlers(self, app: Any) -> list[Any]:
         handlers = [
-            (route, GPULabLoginHandler if route == r"/login" else handler)
-            for route, handler in super().get_handlers(app)
+            (route, _REPLACED.get(route, handler)) for route, handler in super().get_handlers(app)
         ]
-        return handlers + gpulab_handlers
+        # JupyterHub matches an authenticator's routes before its own: gpulab's server checks
+        # (reserved names, bounded bodies, no record left by a refused first start) go first
+        return server_handler_overrides + handlers + gpulab_handlers

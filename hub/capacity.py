@@ -83,6 +83,20 @@ def _gpus_to_milli(value: Any, field_name: str) -> int:
     return int(milli)
 
 
+#: the generic hint gpulab.hub.allocator.quota appends to a quota refusal; `quota_refusal` puts
+#: advice that names this catalog's profiles in its place
+ALLOCATOR_QUOTA_HINT = " Release a server or ask for a preemptible (spot) server."
+
+
+def profile_milli(profile: Profile) -> int:
+    """Milli-GPU a profile counts against a quota (a fraction of one GPU, or whole GPUs)."""
+    return int(profile.gpu * 1000)
+
+
+def _slugs(profiles: list[Profile]) -> str:
+    return ", ".join(repr(p.slug) for p in profiles[:4]) + (", ..." if len(profiles) > 4 else "")
+
+
 class GPUCapacity(SingletonConfigurable):
     """GPU inventory, profile catalog, quotas and live allocations of this hub."""
 
@@ -389,6 +403,48 @@ class GPUCapacity(SingletonConfigurable):
             return None
         used = self.allocator.usage_milli(owner)
         return f"GPU quota: {format_gpu_amount(used)} in use, {format_gpu_amount(left)} left"
+
+    def over_quota(self, profile: Profile, owner: str, groups: frozenset[str]) -> str | None:
+        """Why `profile` cannot start within the user's remaining GPU budget (None: it can)."""
+        left = self.allocator.quota_left_milli(owner, groups)
+        if left is None or profile_milli(profile) <= left:
+            return None
+        if profile.priority == "preemptible" and self.allow_preemptible_over_quota:
+            return None
+        return (
+            f"Needs {format_gpu_amount(profile_milli(profile))}; your GPU quota has "
+            f"{format_gpu_amount(left)} left"
+        )
+
+    def quota_advice(self, owner: str, groups: frozenset[str], is_admin: bool) -> str:
+        """What a user over quota can do, naming profiles of this catalog that they may use."""
+        left = self.allocator.quota_left_milli(owner, groups) or 0
+        visible = self.visible_profiles(groups, is_admin)
+        fitting = sorted(
+            (p for p in visible if 0 < profile_milli(p) <= left),
+            key=profile_milli,
+            reverse=True,
+        )
+        spot = [p for p in visible if p.priority == "preemptible" and p not in fitting]
+        cpu = [p for p in visible if profile_milli(p) == 0]
+        options = []
+        if fitting:
+            options.append(
+                f"pick a profile within the {format_gpu_amount(left)} left ({_slugs(fitting)})"
+            )
+        if spot and self.allow_preemptible_over_quota:
+            options.append(f"a preemptible profile, which may run over quota ({_slugs(spot)})")
+        if not fitting and cpu:
+            options.append(f"a CPU-only server ({_slugs(cpu)})")
+        if not options:
+            return "Stop one of your GPU servers first."
+        return "Stop one of your GPU servers, or " + ", or ".join(options) + "."
+
+    def quota_refusal(self, reason: str, owner: str, groups: frozenset[str], is_admin: bool) -> str:
+        """The allocator's quota refusal with advice from this catalog in place of its generic
+        hint (which names a preemptible server even where the catalog has none)."""
+        problem = reason.removesuffix(ALLOCATOR_QUOTA_HINT).rstrip()
+        return f"{problem} {self.quota_advice(owner, groups, is_admin)}"
 
     # -- allocation ----------------------------------------------------------------------------
 

@@ -13,10 +13,16 @@ from tornado import web
 
 from gpulab.hub import workspace_actions
 from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.refusals import check_body_size
 from gpulab.hub.workspace_page import WorkspacesPageHandler
 
 
 class _GPULabAPIHandler(APIHandler):
+    async def prepare(self) -> None:
+        # before authentication and parsing: an oversized body costs nothing more than reading it
+        check_body_size(self)
+        await super().prepare()
+
     @property
     def gpu_capacity(self) -> GPUCapacity:
         return GPUCapacity.instance(config=self.settings["config"], log=self.log)

@@ -36,6 +36,15 @@ c.ConfigurableHTTPProxy.should_start = True
 c.JupyterHub.authenticator_class = "gpulab.hub.auth.GPULabAuthenticator"
 c.Authenticator.allow_all = True  # NativeAuthenticator: only users an admin approved can log in
 c.NativeAuthenticator.open_signup = False
+# Login hardening with NativeAuthenticator's own options: at least 10 characters, none of its list
+# of common passwords, and 5 failed logins lock the account for 5 minutes.
+c.NativeAuthenticator.minimum_password_length = 10
+c.NativeAuthenticator.check_common_password = True
+c.NativeAuthenticator.allowed_failed_logins = 5
+c.NativeAuthenticator.seconds_before_next_try = 300
+# Cookies only go with requests from the hub's own site (SameSite), so another site cannot use an
+# admin's session behind their back; the XSRF cookie takes the same options.
+c.JupyterHub.tornado_settings.update({"cookie_options": {"samesite": "Lax"}})
 
 c.JupyterHub.spawner_class = "gpulab-simple"
 c.Spawner.cmd = [os.path.join(bin_dir, "jupyterhub-singleuser")]
@@ -135,6 +144,9 @@ if os.environ.get("GPULAB_METRICS_SERVICE", "1").strip().lower() not in ("0", "f
 
 c.GPUCapacity.declared_inventory = os.environ.get("GPULAB_DECLARED_INVENTORY", "8 x A100-SXM4-80GB")
 c.GPUCapacity.db_url = "sqlite:///gpulab-allocations.sqlite"
+# A finite budget per user (one whole GPU, in any fractions), so one person cannot take the
+# machine; raise it per user or group with user_quota_gpus / group_quota_gpus.
+c.GPUCapacity.default_user_quota_gpus = 1
 
 extra = os.environ.get("GPULAB_CONFIG")
 if extra:

@@ -1,7 +1,8 @@
 """Restore and clone of server workspaces, shared by the REST API and the workspaces page.
 
-Each action is all or nothing: a clone that fails leaves no new server behind, and a restore
-runs only on a stopped server.
+Each action is all or nothing: a clone that fails leaves no new server behind, and a restore or a
+clone runs only while no server using that home runs (a renamed server keeps its home, so two
+servers of a user can share one; the default server's home is `default`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,66 @@ from typing import Any
 from jupyterhub.slugs import is_valid_safe_slug
 from tornado import web
 
+from gpulab.hub.refusals import refusal, shown
+
+#: the home directory name of the default server: no named server may be called that
+DEFAULT_HOME = "default"
+
+
+def home_dir_name(spawner: Any) -> str:
+    """The name of a server's home directory: the name it had when its home was created (a
+    renamed server keeps its home), `default` for the default server."""
+    name = getattr(spawner, "workspace_dir_name", None)
+    return str(name) if name else (spawner.name or DEFAULT_HOME)
+
+
+def home_of(spawner: Any) -> str:
+    """What identifies the storage a server's home lives on: on Kubernetes the home PVC (its
+    name is kept in the server's state, and a clone's PVC is its own even though the clone keeps
+    the source's directory names inside), elsewhere the home directory's name."""
+    pvc = getattr(spawner, "pvc_name", None)
+    return str(pvc) if pvc else home_dir_name(spawner)
+
+
+def servers_using_home(user: Any, home: str, key: Any = home_of) -> list[Any]:
+    """Every server of `user` (loaded from its record) whose `key(spawner)` is `home`."""
+    spawners = [user.spawners[name] for name in sorted(user.orm_spawners)]
+    return [s for s in spawners if key(s) == home]
+
+
+def running_label(spawners: list[Any]) -> str:
+    return ", ".join(repr(s.name) if s.name else "the default server" for s in spawners)
+
+
+def refuse_while_home_in_use(spawner: Any, action: str) -> None:
+    """409 while any server using `spawner`'s home runs (or is starting or stopping)."""
+    home = home_of(spawner)
+    running = [s for s in servers_using_home(spawner.user, home) if s.active]
+    if running:
+        raise refusal(
+            409,
+            f"Cannot {action} home {home!r} of {spawner.user.name} while {running_label(running)} "
+            "uses it: stop that server first",
+        )
+
+
+def check_new_server_name(user: Any, server_name: str, renamed_from: str | None = None) -> None:
+    """400 for a new named server whose home would be another server's: `default` (the default
+    server's home) or the kept home of a renamed server. Called before any record exists."""
+    if server_name == DEFAULT_HOME:
+        raise refusal(400, "The server name 'default' is reserved: it is the default server's home")
+    owners = [
+        s
+        for s in servers_using_home(user, server_name, key=home_dir_name)
+        if s.name not in (server_name, renamed_from)
+    ]
+    if owners:
+        raise refusal(
+            400,
+            f"The server name {server_name!r} is taken: it is the home of {user.name}'s server "
+            f"{running_label(owners)} (a renamed server keeps its home); pick another name",
+        )
+
 
 def workspace_spawner(handler: Any, username: str, server: str) -> Any:
     """The spawner of `username`'s server, for its owner or an admin (else 403/404/400)."""
@@ -19,12 +80,14 @@ def workspace_spawner(handler: Any, username: str, server: str) -> Any:
         raise web.HTTPError(403, "Authentication required")
     is_admin = bool(getattr(caller, "admin", False)) or "admin:users" in handler.expanded_scopes
     if caller.name != username and not is_admin:
-        raise web.HTTPError(403, f"Only {username!r} and admins may see {username!r}'s snapshots")
+        raise web.HTTPError(
+            403, f"Only {shown(username)} and admins may see {shown(username)}'s snapshots"
+        )
     user = handler.find_user(username)
     if user is None:
-        raise web.HTTPError(404, f"No such user {username!r}")
+        raise web.HTTPError(404, f"No such user {shown(username)}")
     if server and server not in user.orm_spawners:
-        raise web.HTTPError(404, f"{username} has no server named {server!r}")
+        raise web.HTTPError(404, f"{username} has no server named {shown(server)}")
     spawner = user.spawners[server]
     if not hasattr(spawner, "restore_workspace"):
         raise web.HTTPError(400, f"{type(spawner).__name__} keeps no workspace snapshots")
@@ -33,12 +96,11 @@ def workspace_spawner(handler: Any, username: str, server: str) -> Any:
 
 async def restore(handler: Any, spawner: Any, snapshot_id: str) -> dict[str, Any]:
     label = f"{spawner.user.name}/{spawner.name}"
-    if spawner.active:
-        raise web.HTTPError(409, f"Stop server {label} before restoring its workspace")
+    refuse_while_home_in_use(spawner, "restore")
     try:
         result: dict[str, Any] = await spawner.restore_workspace(snapshot_id)
     except KeyError:
-        raise web.HTTPError(404, f"No snapshot {snapshot_id!r} for {label}") from None
+        raise web.HTTPError(404, f"No snapshot {shown(snapshot_id)} for {label}") from None
     # a restore may change what the spawner remembers (Kubernetes: the home PVC's name)
     spawner.orm_spawner.state = spawner.get_state()
     handler.db.commit()
@@ -62,14 +124,17 @@ async def clone(handler: Any, spawner: Any, snapshot_id: str, new_name: Any) -> 
         raise web.HTTPError(400, 'Give the new server a \'name\', e.g. {"name": "experiment-2"}')
     if not handler.allow_named_servers:
         raise web.HTTPError(400, "Named servers are not enabled (c.JupyterHub.allow_named_servers)")
-    if new_name == "default" or not is_valid_safe_slug(new_name):
+    if new_name == DEFAULT_HOME or not is_valid_safe_slug(new_name):
         raise web.HTTPError(
             400,
-            f"Invalid server name {new_name!r}: use lowercase letters, digits and '-' "
+            f"Invalid server name {shown(new_name)}: use lowercase letters, digits and '-' "
             "('default' is reserved)",
         )
     if new_name in user.orm_spawners:
         raise web.HTTPError(409, f"{user.name} already has a server named {new_name!r}")
+    check_new_server_name(user, new_name)
+    # the snapshot is read from the source's home: a server writing to it must stop first
+    refuse_while_home_in_use(spawner, "clone")
     limit = await handler.get_current_user_named_server_limit()
     named = [name for name in user.orm_spawners if name]
     if limit and len(named) >= limit:
@@ -90,7 +155,7 @@ async def clone(handler: Any, spawner: Any, snapshot_id: str, new_name: Any) -> 
         handler.db.commit()
         if isinstance(e, KeyError):
             raise web.HTTPError(
-                404, f"No snapshot {snapshot_id!r} for {user.name}/{spawner.name}"
+                404, f"No snapshot {shown(snapshot_id)} for {user.name}/{spawner.name}"
             ) from None
         if isinstance(e, FileExistsError):
             raise web.HTTPError(409, f"Server {new_name!r} already has a workspace") from None

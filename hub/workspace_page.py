@@ -13,6 +13,7 @@ from jupyterhub.handlers.base import BaseHandler
 from tornado import web
 
 from gpulab.hub import workspace_actions
+from gpulab.hub.refusals import check_body_size, shown
 from gpulab.spawner.picker import snapshot_time
 
 _PAGE = """
@@ -58,7 +59,7 @@ _PAGE = """
             <input type="hidden" name="server" value="{{ s.name }}">
             <input type="hidden" name="snapshot" value="{{ snap.id }}">
             <button class="btn btn-sm btn-outline-primary gpulab-restore" type="submit"
-              {% if s.active %}disabled title="Stop the server first"{% endif %}>Restore</button>
+              {% if s.busy %}disabled title="Stop {{ s.busy }} first: it uses this home"{% endif %}>Restore</button>
           </form>
           <form method="post" class="d-inline ms-2">
             <input type="hidden" name="_xsrf" value="{{ xsrf_token }}">
@@ -87,6 +88,11 @@ class WorkspacesPageHandler(BaseHandler):
     """GET/POST /hub/gpulab/workspaces[?user=NAME]: snapshots of the caller's servers (an admin
     may look at another user's)."""
 
+    async def prepare(self) -> None:
+        if self.request.method == "POST":
+            check_body_size(self)
+        await super().prepare()
+
     def _owner(self) -> str:
         user = self.current_user
         if user is None:
@@ -101,10 +107,14 @@ class WorkspacesPageHandler(BaseHandler):
             if not hasattr(spawner, "list_workspace_snapshots"):
                 continue
             offer = await spawner.workspace_offer() if hasattr(spawner, "workspace_offer") else None
+            sharing = workspace_actions.servers_using_home(
+                default.user, workspace_actions.home_of(spawner)
+            )
             servers.append(
                 {
                     "name": name,
                     "active": spawner.active,
+                    "busy": workspace_actions.running_label([s for s in sharing if s.active]),
                     "snapshots": await spawner.list_workspace_snapshots(),
                     "kernels": (offer or {}).get("kernels", []),
                 }
@@ -152,11 +162,13 @@ class WorkspacesPageHandler(BaseHandler):
                 await workspace_actions.clone(self, spawner, snapshot_id, new_name)
                 query["done"] = f"Cloned {label} into new server {new_name!r}: start it below."
             else:
-                raise web.HTTPError(400, f"Unknown action {action!r}: snapshot, restore or clone")
+                raise web.HTTPError(
+                    400, f"Unknown action {shown(action)}: snapshot, restore or clone"
+                )
         except web.HTTPError as e:
             if e.status_code == 403:
                 raise
             self.set_status(e.status_code)
-            self.write(await self._render(owner, error=e.log_message or str(e)))
+            self.write(await self._render(owner, error=e.get_message() or str(e)))
             return
         self.redirect(f"{self.hub.base_url}gpulab/workspaces?{urlencode(query)}")

@@ -7,11 +7,11 @@ applied (environment of a process, or a pod manifest) differs between them.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from tornado import web
 from traitlets import Integer, Unicode, default
 from traitlets.config import Configurable
 
@@ -26,6 +26,7 @@ from gpulab.hub.allocator import (
 )
 from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.profiles import Profile
+from gpulab.hub.refusals import MAX_BODY_BYTES, refusal, shown
 from gpulab.spawner.environment import AssignedGPU, Enforcement, enforcement_for
 from gpulab.spawner.picker import PickerRow, render_picker
 
@@ -120,8 +121,10 @@ class GPUSpawnerMixin(Configurable):
         for p in profiles:
             a = capacity.availability(p)
             # a full profile stays selectable when spawns may wait in the queue for it
-            closed = not a.fits_inventory or (a.free == 0 and not self.queue_timeout_seconds)
-            rows.append(PickerRow(a, self.isolation_preview(p), p.slug == default, closed))
+            reason = self._closed_because(p, a)
+            rows.append(
+                PickerRow(a, self.isolation_preview(p), p.slug == default, bool(reason), reason)
+            )
         offer = getattr(self, "workspace_offer", None)
         workspace = await offer() if offer is not None else None
         return render_picker(
@@ -133,6 +136,19 @@ class GPUSpawnerMixin(Configurable):
             workspace=workspace,
             workspaces_url=f"{self.hub.base_url}gpulab/workspaces" if self.hub else "",
         )
+
+    def _closed_because(self, profile: Profile, availability: Any) -> str:
+        """Why the picker disables a profile ('' when it may be chosen): the same checks a start
+        makes, so that a person is not offered what would be refused."""
+        if not availability.fits_inventory:
+            return "Larger than any machine here"
+        over = self.gpu_capacity.over_quota(profile, self.user.name, self.user_groups)
+        if over:
+            return over
+        # a full profile stays selectable when spawns may wait in the queue for it
+        if availability.free == 0 and not self.queue_timeout_seconds:
+            return "None free right now"
+        return ""
 
     @default("options_from_form")
     def _default_options_from_form(self) -> Any:
@@ -169,14 +185,14 @@ class GPUSpawnerMixin(Configurable):
         options = user_options if isinstance(user_options, dict) else {}
         snapshot = options.get("restore_snapshot")
         if snapshot is not None and (not isinstance(snapshot, str) or not snapshot):
-            raise web.HTTPError(
-                400, f"'restore_snapshot' must be a snapshot id (a string), got {snapshot!r}"
+            raise refusal(
+                400, f"'restore_snapshot' must be a snapshot id (a string), got {shown(snapshot)}"
             )
         kernels = options.get("restore_kernels", False)
         if not isinstance(kernels, bool):
-            raise web.HTTPError(400, f"'restore_kernels' must be true or false, got {kernels!r}")
+            raise refusal(400, f"'restore_kernels' must be true or false, got {shown(kernels)}")
         if (snapshot or kernels) and not hasattr(self, "restore_workspace"):
-            raise web.HTTPError(400, f"{type(self).__name__} keeps no workspace checkpoints")
+            raise refusal(400, f"{type(self).__name__} keeps no workspace checkpoints")
         return snapshot, kernels
 
     def forget_workspace_options(self) -> None:
@@ -196,15 +212,21 @@ class GPUSpawnerMixin(Configurable):
         if user_options is None:
             user_options = {}
         if not isinstance(user_options, dict):
-            raise web.HTTPError(
+            raise refusal(
                 400,
-                f"Server options must be a JSON object like {{'profile': 'gpu-1'}}, got {user_options!r}",
+                "Server options must be a JSON object like {'profile': 'gpu-1'}, got "
+                + shown(user_options),
+            )
+        size = len(json.dumps(user_options, default=str))
+        if size > MAX_BODY_BYTES:
+            raise refusal(
+                413, f"Server options are {size} bytes; gpulab accepts at most {MAX_BODY_BYTES}"
             )
         unknown = set(user_options) - _ALLOWED_OPTION_KEYS
         if unknown:
-            raise web.HTTPError(
+            raise refusal(
                 400,
-                f"Unknown server option(s) {sorted(unknown)}; gpulab takes 'profile' "
+                f"Unknown server option(s) {shown(sorted(unknown))}; gpulab takes 'profile' "
                 f"(one of {[p.slug for p in capacity.catalog]}), 'restore_snapshot' (a snapshot "
                 "id) and 'restore_kernels' (true/false)",
             )
@@ -214,19 +236,19 @@ class GPUSpawnerMixin(Configurable):
             visible = capacity.visible_profiles(self.user_groups, self.is_admin)
             chosen = default if default in visible else (visible[0] if visible else None)
             if chosen is None:
-                raise web.HTTPError(403, f"No profile is available to user {self.user.name!r}")
+                raise refusal(403, f"No profile is available to user {self.user.name!r}")
             return chosen
         if not isinstance(slug, str):
-            raise web.HTTPError(400, f"'profile' must be a profile name (a string), got {slug!r}")
+            raise refusal(400, f"'profile' must be a profile name (a string), got {shown(slug)}")
         profile = capacity.profile(slug)
         visible = capacity.visible_profiles(self.user_groups, self.is_admin)
         if profile is None:
-            raise web.HTTPError(
-                400, f"Unknown profile {slug!r}; available to you: {[p.slug for p in visible]}"
+            raise refusal(
+                400, f"Unknown profile {shown(slug)}; available to you: {[p.slug for p in visible]}"
             )
         if profile not in visible:
             groups = ", ".join(sorted(profile.groups))
-            raise web.HTTPError(
+            raise refusal(
                 403,
                 f"Profile {slug!r} is restricted to group(s) {groups}; "
                 f"user {self.user.name!r} is not a member",
@@ -273,7 +295,7 @@ class GPUSpawnerMixin(Configurable):
         if capacity.inventory_source != "kubernetes":  # the cluster's pods are the record there
             capacity.reconcile(self._live_allocation_ids())
         if not capacity.fits_inventory(profile):
-            raise web.HTTPError(
+            raise refusal(
                 409,
                 f"Profile {profile.display_name!r} asks for more than any machine here has "
                 f"({capacity.inventory_label}); pick a smaller profile",
@@ -292,16 +314,19 @@ class GPUSpawnerMixin(Configurable):
             except NoCapacity as e:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise web.HTTPError(
+                    raise refusal(
                         409, f"Profile {profile.display_name!r} cannot start now: {e.reason}"
                     ) from None
                 self._gpulab_progress = f"Waiting for {profile.gpu_label}: {e.reason}"
                 with capacity.waiting(profile.slug):
                     await capacity.wait_for_release(timeout=min(remaining, 5.0))
             except QuotaExceeded as e:
-                raise web.HTTPError(403, f"GPU quota exceeded: {e.reason}") from None
+                advice = capacity.quota_refusal(
+                    e.reason, self.user.name, self.user_groups, self.is_admin
+                )
+                raise refusal(403, f"GPU quota exceeded: {advice}") from None
             except (InvalidRequest, AlreadyAllocated) as e:
-                raise web.HTTPError(_status_for(e), e.reason) from None
+                raise refusal(_status_for(e), e.reason) from None
         self.gpulab_placement = placement
         self.log.info(
             "GPU allocation %s (profile %s) -> %s %s",

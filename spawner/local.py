@@ -134,10 +134,6 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             self.mem_limit = profile.mem_limit_mib * 1024 * 1024
         if profile.cpu_limit:
             self.cpu_limit = profile.cpu_limit
-        if self.checkpoints and self.name == "default":
-            raise web.HTTPError(
-                400, "The server name 'default' is reserved for the default server's workspace"
-            )
         await self.apply_workspace_options()
         await self.gpulab_allocate(profile)
         try:

@@ -18,6 +18,8 @@ class PickerRow:
     isolation: str
     checked: bool
     disabled: bool = False
+    #: why a disabled profile cannot be picked now, shown under it
+    reason: str = ""
 
     @property
     def slug(self) -> str:
@@ -45,7 +47,7 @@ _TEMPLATE = _ENV.from_string(
   {% for notice in notices %}<div class="alert alert-warning gpulab-notice">{{ notice }}</div>{% endfor %}
   {% if quota %}<p class="gpulab-quota">{{ quota }}</p>{% endif %}
   {% for row in rows %}
-  <label class="gpulab-profile{% if row.full %} gpulab-full{% endif %}" for="profile-{{ row.slug }}"
+  <label class="gpulab-profile{% if row.full %} gpulab-full{% endif %}{% if row.disabled %} gpulab-closed{% endif %}" for="profile-{{ row.slug }}"
          style="display:block;border:1px solid #ccc;border-radius:4px;padding:8px;margin:6px 0;
                 {%- if row.disabled %}opacity:0.55;{% endif %}">
     <input type="radio" name="profile" id="profile-{{ row.slug }}" value="{{ row.slug }}"
@@ -64,6 +66,9 @@ _TEMPLATE = _ENV.from_string(
       <br><small>{{ row.availability.profile.description }}</small>
     {% endif %}
     <br><small class="gpulab-isolation">{{ row.isolation }}</small>
+    {% if row.disabled and row.reason %}
+      <br><small class="gpulab-closed-reason text-danger">{{ row.reason }}</small>
+    {% endif %}
   </label>
   {% endfor %}
   {% if workspace is not none %}

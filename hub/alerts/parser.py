@@ -35,6 +35,12 @@ from .model import (
 )
 
 MAX_NESTING = 32  # parentheses and NOTs; deeper trees are refused, never a RecursionError
+#: one rule's text (the panel's rule box, parse_rule) and each line of a rules file
+MAX_RULE_CHARS = 4096
+#: a whole rules text (parse_rules: an admin's rules, a server's rule set)
+MAX_RULES_TEXT_CHARS = 64 * 1024
+#: conditions (comparisons) in one rule: evaluation cost per sample stays small
+MAX_CONDITIONS = 32
 MAX_DURATION_SECONDS = 30 * 86400
 ACTIONS = ("alert",)
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -73,6 +79,7 @@ def parse_rules(text: str) -> list[Rule]:
     """Every rule of a text (one per line, '#' comments); RuleError on the first bad one."""
     if not isinstance(text, str):
         raise RuleError(f"a rule text is a string, not {type(text).__name__}")
+    _check_size(text, MAX_RULES_TEXT_CHARS)
     try:
         tree = _lark().parse(text)
     except UnexpectedInput as e:
@@ -82,8 +89,26 @@ def parse_rules(text: str) -> list[Rule]:
     return [_Builder(text).rule(child) for child in tree.children if isinstance(child, Tree)]
 
 
+def _check_size(text: str, limit: int) -> None:
+    """Refuse texts over `limit` characters and lines over MAX_RULE_CHARS before lark sees them
+    (its time and memory grow with the input; no excerpt of a huge text is echoed)."""
+    if len(text) > limit:
+        raise RuleError(f"the rule text is {len(text)} characters long; at most {limit} are read")
+    for number, line in enumerate(text.split("\n"), 1):
+        if len(line) > MAX_RULE_CHARS:
+            raise RuleError(
+                f"line {number} is {len(line)} characters long; a rule has at most "
+                f"{MAX_RULE_CHARS}",
+                number,
+                MAX_RULE_CHARS + 1,
+                text,
+            )
+
+
 def parse_rule(text: str) -> Rule:
     """Exactly one rule (surrounding blank lines and comments are fine)."""
+    if isinstance(text, str):
+        _check_size(text, MAX_RULE_CHARS)
     rules = parse_rules(text)
     if len(rules) != 1:
         if not rules:
@@ -187,6 +212,7 @@ def _syntax_error(e: UnexpectedInput, text: str) -> RuleError:
 class _Builder:
     def __init__(self, text: str) -> None:
         self.text = text
+        self.conditions = 0  # in the rule being built
 
     def error(self, msg: str, token: Token) -> RuleError:
         return RuleError(msg, token.line or 1, token.column or 1, self.text)
@@ -194,6 +220,7 @@ class _Builder:
     def rule(self, tree: Tree[Token]) -> Rule:
         expr, action = tree.children
         assert isinstance(expr, Tree) and isinstance(action, Tree)
+        self.conditions = 0
         return Rule(self.expr(expr, 0), self.action(action))
 
     def expr(self, tree: Tree[Token], depth: int) -> Expr:
@@ -220,6 +247,9 @@ class _Builder:
     def condition(self, tree: Tree[Token]) -> Condition:
         tokens = [c for c in tree.children if isinstance(c, Token)]
         metric_tok, op_tok, number_tok = tokens[:3]
+        self.conditions += 1
+        if self.conditions > MAX_CONDITIONS:
+            raise self.error(f"a rule has at most {MAX_CONDITIONS} conditions", metric_tok)
         unit_tok = next((t for t in tokens[3:] if t.type == "UNIT"), None)
         duration_tok = next((t for t in tokens[3:] if t.type == "DURATION"), None)
 
