@@ -17,7 +17,7 @@ def _default_state_dir() -> Path:
 def run(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
-    os.chmod(state, 0o700)
+    os.chmod(state, 0o711)  # users pass through to their homes; see gpulab.hub.state_dir
     env = dict(os.environ)
     env["GPULAB_IP"], env["GPULAB_PORT"] = args.ip, str(args.port)
     if args.config:

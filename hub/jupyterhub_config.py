@@ -16,6 +16,13 @@ from gpulab.hub.handlers import gpulab_handlers  # noqa: F401  (for admins switc
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
+# The hub's database, secrets and the admin's first password live in its working directory, beside
+# the users' homes: the directory is 0711 and the hub's files in it 0600 (gpulab.hub.state_dir).
+from gpulab.hub.state_dir import secure_state_dir  # noqa: E402
+
+for _tightened in secure_state_dir(os.getcwd()):
+    print(f"gpulab: tightened permissions: {_tightened}", file=sys.stderr)
+
 bin_dir = os.path.dirname(sys.executable)
 
 c.JupyterHub.ip = os.environ.get("GPULAB_IP", "127.0.0.1")
@@ -151,3 +158,15 @@ c.GPUCapacity.default_user_quota_gpus = 1
 extra = os.environ.get("GPULAB_CONFIG")
 if extra:
     load_subconfig(extra)  # noqa: F821 - provided by JupyterHub
+
+# Where users' servers share one OS account (a hub that is not root, or allow_root_servers), every
+# page says so: nobody should mistake such an install for one that keeps users apart.
+if c.JupyterHub.spawner_class in ("gpulab-simple", "gpulab.spawner.local.GPUSimpleLocalSpawner"):
+    from gpulab.spawner.local import shared_account_warning
+
+    _warning = shared_account_warning(c)
+    if _warning:
+        print(f"gpulab: WARNING: {_warning}", file=sys.stderr)
+        _vars = dict(c.JupyterHub.get("template_vars") or {})
+        _vars["announcement"] = " ".join(filter(None, [_warning, _vars.get("announcement")]))
+        c.JupyterHub.template_vars = _vars

@@ -1,19 +1,32 @@
 """gpulab's local spawners: JupyterHub's local-process spawners plus GPU profiles and allocation.
 
-`GPULocalSpawner` runs each server as its user's system account (LocalProcessSpawner);
-`GPUSimpleLocalSpawner` runs every server as the hub's account with a home per user, the
-single-account default of an embedded install on one workstation or GPU server.
+`GPUSimpleLocalSpawner`, the embedded default, keeps a home per user and server under the hub's
+directory and runs each user's servers as a system account the hub makes for that user
+(`gpulab.spawner.accounts`); `GPULocalSpawner` runs each server as the user's existing system
+account (LocalProcessSpawner). Only a hub that is not root (it cannot switch users) runs every
+server as its own account, and then it says so on every page and lets one user at a time in.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import sys
 from typing import Any, ClassVar
 
-from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
 from tornado import web
-from traitlets import Float, Unicode, default
+from traitlets import Bool, Enum, Float, Integer, TraitError, Tuple, Unicode, default, validate
+from traitlets.config import Config
 
+from gpulab.spawner.accounts import (
+    AccountCreationFailed,
+    AccountError,
+    SystemAccount,
+    account_name,
+    check_account,
+    ensure_account,
+)
 from gpulab.spawner.environment import (
     AssignedGPU,
     Enforcement,
@@ -106,6 +119,76 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         if stage == "stop":
             await self.stop()
 
+    # -- whose process: the server's account -------------------------------------------------
+
+    #: resolved at the first start or workspace operation (a pwd look-up, or useradd)
+    _server_account: SystemAccount | None = None
+
+    def server_runs_as_hub(self) -> bool:
+        """True when servers run as the hub's own account (no OS boundary between users)."""
+        return False
+
+    def lookup_server_account(self) -> SystemAccount:
+        """The existing account this user's servers run as; KeyError when there is none yet."""
+        return SystemAccount.from_pwd(pwd.getpwnam(self.user.name))
+
+    async def create_server_account(self) -> SystemAccount:
+        """Make the account when missing (backends that provision accounts override this)."""
+        try:
+            return self.lookup_server_account()
+        except KeyError:
+            raise web.HTTPError(
+                403, f"User {self.user.name!r} has no system account on this machine"
+            ) from None
+
+    async def workspace_account(self, create: bool = False) -> SystemAccount | None:
+        if self.server_runs_as_hub():
+            return None
+        if self._server_account is None:
+            if create:
+                self._server_account = await self.create_server_account()
+            else:
+                try:
+                    self._server_account = self.lookup_server_account()
+                except KeyError:
+                    raise LookupError(f"{self.user.name} has no system account yet") from None
+        return self._server_account
+
+    def check_server_accounts(self) -> None:
+        """Refuse a start that the account settings do not allow (backends override)."""
+
+    def make_preexec_fn(self, name: str) -> Any:
+        account = self._server_account
+        if account is None:  # the hub's own account: only move into the user's directory
+            start_dir = str(self._user_dirs()[0])
+
+            def preexec() -> None:
+                os.chdir(start_dir)
+
+            return preexec
+        return set_user_setuid(account.name)  # uid, gid, groups; starts in the account's home
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        account = self._server_account
+        env["USER"] = account.name if account else self.user.name
+        env["HOME"] = str(self.workspace_home_dir())
+        env["SHELL"] = "/bin/bash"
+        return env
+
+    async def _start_process(self) -> Any:
+        """LocalProcessSpawner's start with the server's command behind gpulab's prepare step,
+        which makes and prepares the home as the server's own account, then execs the server."""
+        original = list(self.cmd)
+        home = str(self.workspace_home_dir())
+        prepare = [sys.executable, "-m", "gpulab.spawner.checkpoint.prepare", "--home", home]
+        if not self.checkpoints:
+            prepare.append("--directory-only")
+        self.cmd = [*prepare, "--", *original]
+        try:
+            return await super().start()  # type: ignore[misc]
+        finally:
+            self.cmd = original
+
     # -- spawner lifecycle ---------------------------------------------------------------------
 
     def get_env(self) -> dict[str, str]:
@@ -134,11 +217,12 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             self.mem_limit = profile.mem_limit_mib * 1024 * 1024
         if profile.cpu_limit:
             self.cpu_limit = profile.cpu_limit
+        self.check_server_accounts()
         await self.apply_workspace_options()
         await self.gpulab_allocate(profile)
         try:
             await self.prepare_workspace(self.workspace_home_dir())
-            url = await super().start()
+            url = await self._start_process()
         except BaseException:
             await self.gpulab_release()
             raise
@@ -217,27 +301,93 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
 
 
 class GPULocalSpawner(GPULocalSpawnerMixin, LocalProcessSpawner):
-    """Each server runs as its user's system account, with a whole or fractional GPU."""
-
-    @default("checkpoints")
-    def _default_checkpoints(self) -> bool:
-        # the workspace set-up writes into the user's home as the hub's account; until it runs as
-        # the user, system-account servers opt in explicitly
-        return False
+    """Each server runs as its user's existing system account (same name as the hub user), with
+    a whole or fractional GPU and a workspace in the account's home."""
 
 
-class GPUSimpleLocalSpawner(GPULocalSpawnerMixin, SimpleLocalProcessSpawner):
-    """Every server runs as the hub's own account, with a home directory per user and server: the
-    embedded single-account default. Users are not isolated from each other at the OS level; use
-    GPULocalSpawner (system users) or GPUKubeSpawner where that matters."""
+def _default_server_accounts() -> str:
+    return "per-user" if os.geteuid() == 0 else "hub"
+
+
+class GPUSimpleLocalSpawner(GPULocalSpawnerMixin, LocalProcessSpawner):
+    """The embedded default: a home directory per user and server under the hub's directory, each
+    user's servers running as a system account the hub makes for that user on first spawn. A hub
+    that is not root runs every server as its own account instead: no isolation between users,
+    said on every page, one user at a time unless an admin allows more."""
 
     home_dir_template = Unicode(
         config=True,
         help="""Where each server's home (its persistent volume) lives. {username} is the user's
         name, {servername} the server's name ('default' for the default server), so that a named
-        server, or a clone of a workspace, has a home of its own. Default: homes/{username}/{servername}
-        under the hub's directory.""",
+        server, or a clone of a workspace, has a home of its own. The directory that holds a
+        user's homes belongs to the user's account (0700); the one above it must be the hub's.
+        Default: homes/{username}/{servername} under the hub's directory.""",
     )
+    home_dir = Unicode(help="The home directory of this server (from home_dir_template)")
+
+    server_accounts = Enum(
+        ["per-user", "hub"],
+        config=True,
+        help="""Which OS account servers run as. 'per-user' (the default when the hub runs as
+        root): one unprivileged system account per hub user, made on the user's first spawn
+        (see system_account_prefix and system_account_uid_range); homes, snapshots and
+        checkpoint keys are that account's, so users cannot read each other's files, tokens or
+        processes. 'hub' (the default otherwise): every server runs as the hub's own account and
+        users are NOT isolated from each other; every page says so, at most
+        shared_account_max_users users run servers at a time, and as root it needs
+        allow_root_servers.""",
+    )
+    allow_root_servers = Bool(
+        False,
+        config=True,
+        help="""Let servers run as root when server_accounts is 'hub' and the hub is root: for a
+        single-person install only. Every user's code then runs as root; every page says so.""",
+    )
+    shared_account_max_users = Integer(
+        1,
+        config=True,
+        help="""With server_accounts = 'hub', how many different users may have servers running
+        at once. All of them share one OS account and can read and kill each other's work.""",
+    )
+    system_account_prefix = Unicode(
+        "gpulab-",
+        config=True,
+        help="""Prefix of the system accounts made for hub users ('gpulab-alice'). A hub name
+        that is not a valid short POSIX user name gets a cleaned name plus 8 hex digits of its
+        SHA-256 ('gpulab-bob-x-1a2b3c4d').""",
+    )
+    system_account_uid_range = Tuple(
+        Integer(),
+        Integer(),
+        default_value=(200000, 299999),
+        config=True,
+        help="""uids and gids of the accounts made for hub users, inclusive. An existing account
+        is used only when its uid is in this range and its comment names the hub user.""",
+    )
+
+    @default("server_accounts")
+    def _default_server_accounts(self) -> str:
+        return _default_server_accounts()
+
+    @validate("server_accounts")
+    def _check_server_accounts(self, proposal: Any) -> str:
+        value = str(proposal["value"])
+        if value == "per-user" and os.geteuid() != 0:
+            raise TraitError(
+                "GPUSimpleLocalSpawner.server_accounts = 'per-user' needs a hub running as root "
+                "(it switches to each user's account); use 'hub' or run the hub as root"
+            )
+        return value
+
+    @validate("system_account_uid_range")
+    def _check_uid_range(self, proposal: Any) -> tuple[int, int]:
+        lo, hi = proposal["value"]
+        if not 1000 <= lo <= hi:
+            raise TraitError(
+                f"GPUSimpleLocalSpawner.system_account_uid_range {lo}-{hi} must be an "
+                "ascending range of uids from 1000 up"
+            )
+        return (int(lo), int(hi))
 
     @default("home_dir_template")
     def _default_home_dir_template(self) -> str:
@@ -255,10 +405,96 @@ class GPUSimpleLocalSpawner(GPULocalSpawnerMixin, SimpleLocalProcessSpawner):
             # the home this server's workspace was created in, whatever the server is called now
             self.home_dir = self._default_home_dir()
 
+    # -- accounts -------------------------------------------------------------------------------
+
+    def server_runs_as_hub(self) -> bool:
+        return self.server_accounts == "hub"
+
+    def _account_home(self) -> str:
+        return str(self._user_dirs()[0])
+
+    def lookup_server_account(self) -> SystemAccount:
+        entry = pwd.getpwnam(account_name(self.user.name, self.system_account_prefix))
+        try:
+            check_account(entry, self.user.name, self.system_account_uid_range)
+        except AccountError as e:
+            raise web.HTTPError(409, str(e)) from None
+        return SystemAccount.from_pwd(entry)
+
+    async def create_server_account(self) -> SystemAccount:
+        try:
+            account = await ensure_account(
+                self.user.name,
+                prefix=self.system_account_prefix,
+                uid_range=self.system_account_uid_range,
+                home=self._account_home(),
+            )
+        except AccountError as e:
+            self.log.error("gpulab: %s", e)
+            raise web.HTTPError(409, str(e)) from None
+        except AccountCreationFailed as e:
+            self.log.error("gpulab: %s", e)
+            raise web.HTTPError(500, f"{e}; an admin must look at the hub's log") from None
+        self.log.info(
+            "Servers of %s run as system account %s (uid %d)",
+            self.user.name,
+            account.name,
+            account.uid,
+        )
+        return account
+
+    def check_server_accounts(self) -> None:
+        if not self.server_runs_as_hub():
+            return
+        if os.geteuid() == 0 and not self.allow_root_servers:
+            raise web.HTTPError(
+                403,
+                "Servers would run as root (GPUSimpleLocalSpawner.server_accounts = 'hub' in a "
+                "hub running as root); an admin must set server_accounts = 'per-user' or, for a "
+                "single-person install, allow_root_servers = True",
+            )
+        others = (
+            {
+                s.user.name
+                for s in self.db.query(type(self.orm_spawner)).filter(
+                    type(self.orm_spawner).server != None  # noqa: E711
+                )
+                if s.user.name != self.user.name
+            }
+            if self.orm_spawner is not None
+            else set()
+        )
+        if len(others) >= self.shared_account_max_users:
+            raise web.HTTPError(
+                403,
+                f"All servers here run as one OS account, so users are not isolated; "
+                f"{len(others)} other user(s) have servers running and at most "
+                f"{self.shared_account_max_users} may (GPUSimpleLocalSpawner."
+                "shared_account_max_users)",
+            )
+
     def get_args(self) -> list[str]:
         args = list(super().get_args())
-        if os.geteuid() == 0 and "--allow-root" not in args:
-            # every server runs as the hub's account; when that is root (containers, CI), Jupyter
-            # Server refuses to start without this flag
+        if os.geteuid() == 0 and self._server_account is None and "--allow-root" not in args:
+            # allow_root_servers: the admin chose a single-person install where servers run as
+            # root, which Jupyter Server refuses without this flag
             args.append("--allow-root")
         return args
+
+
+def shared_account_warning(config: Config) -> str:
+    """The banner every hub page shows when servers run without per-user accounts ('' when
+    they have them): computed from the hub's config the way GPUSimpleLocalSpawner decides."""
+    settings = config.get("GPUSimpleLocalSpawner", {})
+    mode = settings.get("server_accounts", _default_server_accounts())
+    if mode != "hub":
+        return ""
+    if os.geteuid() == 0:
+        return (
+            "Single-person install: every server runs as root "
+            "(GPUSimpleLocalSpawner.allow_root_servers). Do not give other people accounts."
+        )
+    return (
+        f"All users' servers run as one OS account ({pwd.getpwuid(os.geteuid()).pw_name}): "
+        "users can read each other's files. Run the hub as root for one account per user."
+    )

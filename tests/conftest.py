@@ -45,3 +45,5 @@ def make_hub(tmp_path: Path) -> Iterator[Callable[..., Hub]]:
     yield make
     for hub in hubs:
         hub.close()
+    for hub in hubs:
+        hub.cleanup()

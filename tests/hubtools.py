@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +30,29 @@ from tornado.websocket import websocket_connect
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SHIPPED_CONFIG = REPO / "hub" / "jupyterhub_config.py"
+
+
+#: where hubs keep their state: a directory every account can pass through (pytest's own tmp_path is
+#: 0700 root, and pytest resets it to that, so a user's server could never reach its home there)
+PASSABLE_ROOT = Path(tempfile.gettempdir()) / "gpulab-test-hubs"
+
+
+def passable_dir(requested: Path) -> Path:
+    """A fresh directory under PASSABLE_ROOT for a hub's state, linked from `requested` so that a
+    test finds the hub's files where it asked for them."""
+    PASSABLE_ROOT.mkdir(mode=0o711, exist_ok=True)
+    st = PASSABLE_ROOT.lstat()
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"{PASSABLE_ROOT} must be this account's and writable by it alone")
+    os.chmod(PASSABLE_ROOT, 0o711)
+    real = Path(tempfile.mkdtemp(prefix=f"{requested.name}-", dir=PASSABLE_ROOT))
+    os.chmod(real, 0o711)
+    requested.parent.mkdir(parents=True, exist_ok=True)
+    if requested.is_symlink() or requested.exists():
+        # a second Hub over the same directory (a restart test): keep the first one's state
+        return requested.resolve()
+    requested.symlink_to(real, target_is_directory=True)
+    return real
 
 
 def free_port() -> int:
@@ -60,8 +86,13 @@ class Hub:
         self, state_dir: Path, overlay: str = "", env: dict[str, str] | None = None
     ) -> None:
         self.extra_env = {"GPULAB_CULL_IDLE_SECONDS": "0", **(env or {})}
-        self.state_dir = state_dir
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir = passable_dir(state_dir)
+        # system accounts of this hub's users: a prefix of its own, so that hubs running at once
+        # (two test workers) never share an account, and cleanup() removes exactly these
+        prefix_file = self.state_dir / "test-account-prefix"
+        if not prefix_file.exists():  # a second Hub over the same state keeps the accounts
+            prefix_file.write_text(f"gt{secrets.token_hex(2)}-")
+        self.account_prefix = prefix_file.read_text()
         self.port, self.hub_port, self.proxy_api_port = free_port(), free_port(), free_port()
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -75,7 +106,8 @@ class Hub:
             "c.Spawner.poll_interval = 1\n"
             "c.JupyterHub.last_activity_interval = 2\n"
             "c.GPUSimpleLocalSpawner.home_dir_template = "
-            f"{str(self.state_dir / 'homes' / '{username}' / '{servername}')!r}\n" + overlay
+            f"{str(self.state_dir / 'homes' / '{username}' / '{servername}')!r}\n"
+            f"c.GPUSimpleLocalSpawner.system_account_prefix = {self.account_prefix!r}\n" + overlay
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.state_dir / "hub.log"
@@ -156,6 +188,21 @@ class Hub:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.client.close()
+
+    def accounts(self) -> list[pwd.struct_passwd]:
+        """The system accounts this hub made for its users."""
+        return [e for e in pwd.getpwall() if e.pw_name.startswith(self.account_prefix)]
+
+    def account(self, user: str) -> pwd.struct_passwd:
+        (entry,) = [e for e in self.accounts() if e.pw_name == self.account_prefix + user]
+        return entry
+
+    def cleanup(self) -> None:
+        """After close(): remove this hub's user accounts (their processes are gone) and state."""
+        for entry in self.accounts():
+            subprocess.run(["pkill", "-KILL", "-u", str(entry.pw_uid)], check=False)
+            subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # -- REST helpers --------------------------------------------------------------------------
 

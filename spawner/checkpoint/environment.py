@@ -53,7 +53,7 @@ def persistent_env(
     base_env: Mapping[str, str] | None = None,
     in_venv: bool | None = None,
     python_version: tuple[int, int] | None = None,
-    key: bytes | None = None,
+    key_file: Path | str | None = None,
     user: str | None = None,
     auto_restore: bool = False,
 ) -> dict[str, str]:
@@ -61,7 +61,8 @@ def persistent_env(
 
     `base_env` is the environment they are merged into (PATH and PYTHONPATH are extended, not
     replaced); `in_venv` says whether the server's Python is a virtualenv (default: this
-    process's); `key`/`user` sign kernel checkpoints (`derive_user_key`); `auto_restore` restores
+    process's); `key_file` names the file holding the key that signs kernel checkpoints (never the key
+    itself: see `signing.KEY_FILE_ENV`), `user` whose checkpoints they are; `auto_restore` restores
     kernel variables without asking (after a preemption or node-failure respawn)."""
     home = Path(home)
     base = base_env or {}
@@ -89,10 +90,13 @@ def persistent_env(
         ).strip(os.pathsep)
     else:
         env["PIP_USER"] = "1"
-    if key is not None:
-        from gpulab.spawner.checkpoint.signing import key_to_env
+        # a distribution's Python (PEP 668 "externally managed", e.g. Debian's) refuses even
+        # --user installs; these land in the user's own home and never touch system packages
+        env["PIP_BREAK_SYSTEM_PACKAGES"] = "1"
+    if key_file is not None:
+        from gpulab.spawner.checkpoint.signing import KEY_FILE_ENV
 
-        env["GPULAB_CHECKPOINT_KEY"] = key_to_env(key)
+        env[KEY_FILE_ENV] = str(key_file)
     if user:
         env["GPULAB_CHECKPOINT_USER"] = user
     if auto_restore:

@@ -22,7 +22,7 @@ from pathlib import Path
 from gpulab.spawner.checkpoint.environment import persistent_env, prepare_home
 
 #: what depends on the interpreter that runs in the container, not on the hub's
-CONTAINER_KEYS = ("PATH", "PYTHONPATH", "PIP_PREFIX", "PIP_USER")
+CONTAINER_KEYS = ("PATH", "PYTHONPATH", "PIP_PREFIX", "PIP_USER", "PIP_BREAK_SYSTEM_PACKAGES")
 
 
 def container_env(home: Path, environ: dict[str, str]) -> dict[str, str]:
@@ -38,6 +38,7 @@ def container_env(home: Path, environ: dict[str, str]) -> dict[str, str]:
             env.setdefault(key, value)
     if "PIP_PREFIX" in computed:
         env.pop("PIP_USER", None)
+        env.pop("PIP_BREAK_SYSTEM_PACKAGES", None)
     else:
         env.pop("PIP_PREFIX", None)
     return env
@@ -46,17 +47,27 @@ def container_env(home: Path, environ: dict[str, str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", default=os.environ.get("HOME", ""), help="the workspace home")
+    parser.add_argument(
+        "--directory-only",
+        action="store_true",
+        help="only make the home (0700) and start there: workspaces are off for this server",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run afterwards")
     args = parser.parse_args(argv)
     if not args.home:
         parser.error("no --home and no HOME in the environment")
     home = Path(args.home)
-    prepare_home(home)
+    # made by the server's own account (the local spawner runs this after switching to it), so
+    # the home and everything in it are that account's, private to it
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not args.directory_only:
+        prepare_home(home)
+    os.chdir(home)  # the server's root directory is where it starts
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         print(f"gpulab: prepared workspace {home}", file=sys.stderr)
         return 0
-    env = container_env(home, dict(os.environ))
+    env = dict(os.environ) if args.directory_only else container_env(home, dict(os.environ))
     sys.stdout.flush()
     sys.stderr.flush()
     try:

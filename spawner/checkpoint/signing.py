@@ -13,8 +13,12 @@ import hmac
 import os
 from pathlib import Path
 
-#: environment variable carrying the user's key (hex) into the single-user server and its kernels
-KEY_ENV = "GPULAB_CHECKPOINT_KEY"
+#: environment variable naming the file that holds the user's key (hex). The key itself is never in
+#: an environment: /proc/<pid>/environ of every process would carry it, and any process of the
+#: server's account that can read its parent's environment could replay it. The file is the
+#: server account's own (mode 0400/0600: a local key file written by the hub, a Secret volume on
+#: Kubernetes), so another user's processes cannot open it.
+KEY_FILE_ENV = "GPULAB_CHECKPOINT_KEY_FILE"
 #: environment variable naming the user the checkpoints belong to (defaults to JUPYTERHUB_USER)
 USER_ENV = "GPULAB_CHECKPOINT_USER"
 
@@ -39,36 +43,41 @@ def derive_user_key(hub_secret: bytes, username: str) -> bytes:
     return hmac.new(hub_secret, _KEY_CONTEXT + username.encode(), hashlib.sha256).digest()
 
 
-def key_to_env(key: bytes) -> str:
-    """How a key is written into `GPULAB_CHECKPOINT_KEY`."""
+def key_to_text(key: bytes) -> str:
+    """How a key is written into its key file."""
     return key.hex()
 
 
-def key_from_env(environ: dict[str, str] | None = None, fallback_file: Path | None = None) -> bytes:
-    """The key from `GPULAB_CHECKPOINT_KEY`; without it, a key file created on first use (0600)
-    so that a kernel outside gpulab still signs its checkpoints."""
-    env = os.environ if environ is None else environ
-    raw = env.get(KEY_ENV, "").strip()
-    if raw:
-        try:
-            key = bytes.fromhex(raw)
-        except ValueError:
-            raise CheckpointRefused(
-                f"{KEY_ENV} is not hex; the hub sets it to a 64-digit hex key"
-            ) from None
-        if len(key) < 16:
-            raise CheckpointRefused(f"{KEY_ENV} holds {len(key)} bytes; expected 32")
-        return key
-    path = fallback_file or Path.home() / ".gpulab" / "checkpoint-key"
+def read_key_file(path: Path) -> bytes:
+    """The key in `path` (hex text); CheckpointRefused when it is unreadable or malformed."""
     try:
-        return bytes.fromhex(path.read_text().strip())
-    except FileNotFoundError:
-        pass
+        raw = path.read_text().strip()
+    except OSError as e:
+        raise CheckpointRefused(f"cannot read the checkpoint key file {path}: {e.strerror}") from None
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        raise CheckpointRefused(f"{path} is not hex; the hub writes a 64-digit hex key") from None
+    if len(key) < 16:
+        raise CheckpointRefused(f"{path} holds {len(key)} bytes; expected 32")
+    return key
+
+
+def key_from_env(environ: dict[str, str] | None = None, fallback_file: Path | None = None) -> bytes:
+    """The key from the file `GPULAB_CHECKPOINT_KEY_FILE` names; without it, a key file created
+    on first use (0600) so that a kernel outside gpulab still signs its checkpoints."""
+    env = os.environ if environ is None else environ
+    named = env.get(KEY_FILE_ENV, "").strip()
+    if named:
+        return read_key_file(Path(named))
+    path = fallback_file or Path.home() / ".gpulab" / "checkpoint-key"
+    if path.exists():
+        return read_key_file(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = os.urandom(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(key.hex())
+        f.write(key_to_text(key))
     return key
 
 

@@ -20,6 +20,14 @@ def key_for(user: str) -> bytes:
     return derive_user_key(HUB_SECRET, user)
 
 
+def key_file_for(directory: Path, user: str) -> Path:
+    """A key file for `user` as the hub writes one (hex, owner-only), for GPULAB_CHECKPOINT_KEY_FILE."""
+    path = directory / f"key-{user}"
+    path.write_text(key_for(user).hex())
+    path.chmod(0o400)
+    return path
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> CheckpointStore:
     return CheckpointStore(tmp_path / "ckpt" / "default", key_for("alice"), "alice")
@@ -85,7 +93,7 @@ def kernel_env(tmp_path: Path) -> Callable[..., dict[str, str]]:
         }
         env.update(
             GPULAB_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-            GPULAB_CHECKPOINT_KEY=key_for(user).hex(),
+            GPULAB_CHECKPOINT_KEY_FILE=str(key_file_for(tmp_path, user)),
             GPULAB_CHECKPOINT_USER=user,
             IPYTHONDIR=str(tmp_path / "ipython"),
         )

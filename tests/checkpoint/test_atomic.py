@@ -14,7 +14,7 @@ import pytest
 
 from gpulab.spawner.checkpoint.saver import NamespaceCheckpointer
 from gpulab.spawner.checkpoint.store import CheckpointStore
-from tests.checkpoint.conftest import key_for
+from tests.checkpoint.conftest import key_file_for, key_for
 
 # The child saves v1, then starts saving v2 with one step made slow, announcing "MID" when it
 # gets there, so that the test kills it at a known point of the save.
@@ -113,7 +113,7 @@ def test_sigterm_during_a_save_finishes_it_saves_the_final_state_and_exits(tmp_p
     env = dict(
         os.environ,
         GPULAB_CHECKPOINT_DIR=str(root),
-        GPULAB_CHECKPOINT_KEY=key_for("alice").hex(),
+        GPULAB_CHECKPOINT_KEY_FILE=str(key_file_for(tmp_path, "alice")),
         GPULAB_CHECKPOINT_USER="alice",
         IPYTHONDIR=str(tmp_path / "ipython"),
     )

@@ -90,7 +90,11 @@ def test_a_cell_is_saved_once_the_kernel_is_idle_and_survives_a_kill(
 
 def _saved_x(root: Path, env: dict[str, str]) -> object:
     """What the current checkpoint holds for `x`, read the way a restore does (verified)."""
-    store = CheckpointStore(root / "default", bytes.fromhex(env["GPULAB_CHECKPOINT_KEY"]), "alice")
+    store = CheckpointStore(
+        root / "default",
+        bytes.fromhex(Path(env["GPULAB_CHECKPOINT_KEY_FILE"]).read_text()),
+        "alice",
+    )
     header, segments = store.verified_blobs(store.read_manifest())["x"]
     return unpickle_value(header, segments)
 

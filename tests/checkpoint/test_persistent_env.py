@@ -18,7 +18,6 @@ from gpulab.spawner.checkpoint.environment import (
     server_args,
     user_site,
 )
-from tests.checkpoint.conftest import key_for
 from tests.checkpoint.wheels import build_tiny_wheel
 
 
@@ -42,10 +41,11 @@ def test_inside_a_venv_pip_installs_under_the_home_and_it_is_importable(tmp_path
 
 def test_checkpoint_settings_per_user_and_server(tmp_path):
     env = persistent_env(
-        tmp_path, server="gpu", key=key_for("alice"), user="alice", auto_restore=True
+        tmp_path, server="gpu", key_file="/keys/key-alice", user="alice", auto_restore=True
     )
     assert env["GPULAB_CHECKPOINT_DIR"] == str(tmp_path / ".gpulab" / "checkpoints" / "gpu")
-    assert bytes.fromhex(env["GPULAB_CHECKPOINT_KEY"]) == key_for("alice")
+    assert env["GPULAB_CHECKPOINT_KEY_FILE"] == "/keys/key-alice"
+    assert "GPULAB_CHECKPOINT_KEY" not in env  # the key itself is never in an environment
     assert env["GPULAB_CHECKPOINT_USER"] == "alice" and env["GPULAB_AUTO_RESTORE"] == "1"
     assert "GPULAB_AUTO_RESTORE" not in persistent_env(tmp_path)
     assert server_args(30) == ["--KernelManager.shutdown_wait_time=30.0"]
