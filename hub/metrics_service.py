@@ -77,10 +77,10 @@ class MetricsService(Application):
         exposition. Default: 3 x push_interval_seconds.""",
     )
     min_push_interval_seconds = Float(
-        1.0,
         config=True,
         help="""A server's pushes closer together than this are refused with 429 (a server is
-        user code; it cannot make the service parse without pause).""",
+        user code; it cannot make the service parse without pause). Default: half the push
+        interval, at most 1 s (room for a late push followed by a punctual one).""",
     )
     max_push_bytes = Integer(
         1 << 20,
@@ -130,6 +130,10 @@ class MetricsService(Application):
             return float(raw) if raw else DEFAULT_PUSH_INTERVAL_SECONDS
         except ValueError:
             raise TraitError(f"${PUSH_INTERVAL_ENV}={raw!r} is not a number of seconds") from None
+
+    @default("min_push_interval_seconds")
+    def _default_min_push_interval(self) -> float:
+        return min(1.0, self.push_interval_seconds / 2)
 
     @default("stale_after_seconds")
     def _default_stale_after(self) -> float:
@@ -486,7 +490,10 @@ class AlertsHandler(ServiceHandler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    MetricsService.launch_instance(argv)
+    try:
+        MetricsService.launch_instance(argv)
+    except KeyboardInterrupt:  # the hub stopping its services: no traceback for a normal end
+        pass
 
 
 if __name__ == "__main__":

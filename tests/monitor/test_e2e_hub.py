@@ -1,4 +1,4 @@
-"""Through a real hub: a service token with access:servers scrapes a spawned server's metrics."""
+"""Through a real hub: a token that may access a spawned server reads its GPU metrics."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.monitor.labserver import EXTENSION_SRC
 pytestmark = pytest.mark.e2e
 
 
-def test_a_hub_service_scrapes_a_quarter_share_servers_gpu_metrics(
+def test_a_quarter_share_servers_gpu_metrics_are_read_through_the_hub(
     make_hub, tmp_path: Path
 ) -> None:
     # enabled and imported from the source folder, whether or not the venv holds a built copy
@@ -35,15 +35,15 @@ def test_a_hub_service_scrapes_a_quarter_share_servers_gpu_metrics(
     hub.start_server("ada", profile="gpu-quarter")
     (uuid,) = hub.server_env("ada")["GPULAB_GPU_UUIDS"].split(",")
     base = f"{hub.url}/user/ada/gpulab/monitor"
-    with httpx.Client(headers={"Authorization": f"token {hub.token}"}, timeout=30) as service:
-        devices = service.get(f"{base}/devices").json()
+    with httpx.Client(headers={"Authorization": f"token {hub.token}"}, timeout=30) as reader:
+        devices = reader.get(f"{base}/devices").json()
         assert devices["share"]["fraction"] == 0.25 and devices["share"]["profile"] == "gpu-quarter"
         (device,) = devices["devices"]
         assert device["uuid"] == uuid and not device["whole"]
         assert device["memory_limit_mib"] < device["memory_total_mib"]
         text = ""
         for _ in range(100):
-            text = service.get(f"{base}/metrics").text
+            text = reader.get(f"{base}/metrics").text
             if "gpulab_gpu_memory_used_bytes{" in text:
                 break
         limit = f'gpulab_gpu_memory_limit_bytes{{gpu="{uuid}",server="",user="ada"}}'
