@@ -75,3 +75,61 @@ def test_availability_labels(tmp_path):
     assert labels["gpu-4"] == "4 GPUs - larger than any machine here"
     with cap.waiting("gpu-2"):
         assert cap.availability(cap.profile("gpu-2")).label == "2 GPUs - 1 free, 1 waiting"
+
+
+QUOTA_CATALOG = [
+    {"slug": "cpu", "gpus": 0, "default": True},
+    {"slug": "eighth", "gpus": "1/8"},
+    {"slug": "half", "gpus": "1/2"},
+    {"slug": "one", "gpus": 1},
+    {"slug": "spot-2", "gpus": 2, "priority": "preemptible"},
+]
+
+
+def test_quota_refusal_advice_names_profiles_of_the_catalog(tmp_path):
+    cap = _capacity(
+        tmp_path,
+        profiles=QUOTA_CATALOG,
+        default_user_quota_gpus=1,
+        allow_preemptible_over_quota=False,
+    )
+    cap.allocator.place(Request("alice/", owner="alice", gpu_milli=500))
+    reason = "User 'alice' asks for 1 GPU but has 0.5 GPU of a 1 GPU budget left."
+    from gpulab.hub.capacity import ALLOCATOR_QUOTA_HINT
+
+    message = cap.quota_refusal(reason + ALLOCATOR_QUOTA_HINT, "alice", frozenset(), False)
+    assert message == (
+        f"{reason} Stop one of your GPU servers, or pick a profile within the 0.5 GPU left "
+        "('half', 'eighth')."
+    )
+    # preemptible profiles are advised where they may run over quota (the default)
+    (tmp_path / "spot").mkdir()
+    cap_spot = _capacity(tmp_path / "spot", profiles=QUOTA_CATALOG, default_user_quota_gpus=1)
+    assert "a preemptible profile, which may run over quota ('spot-2')" in cap_spot.quota_advice(
+        "alice", frozenset(), False
+    )
+
+
+def test_quota_advice_without_gpu_left_points_to_cpu_only(tmp_path):
+    catalog = [{"slug": "cpu", "gpus": 0, "default": True}, {"slug": "one", "gpus": 1}]
+    cap = _capacity(tmp_path, profiles=catalog, default_user_quota_gpus=1)
+    cap.allocator.place(Request("bob/", owner="bob", num_gpu=1))
+    assert cap.quota_advice("bob", frozenset(), False) == (
+        "Stop one of your GPU servers, or a CPU-only server ('cpu')."
+    )
+    assert "preemptible" not in cap.quota_advice("bob", frozenset(), False)
+
+
+def test_over_quota_says_what_a_profile_needs_and_what_is_left(tmp_path):
+    cap = _capacity(tmp_path, profiles=QUOTA_CATALOG, default_user_quota_gpus="3/4")
+    cap.allocator.place(Request("carol/", owner="carol", gpu_milli=500))
+    by_slug = {p.slug: p for p in cap.catalog}
+    assert cap.over_quota(by_slug["eighth"], "carol", frozenset()) is None
+    assert cap.over_quota(by_slug["spot-2"], "carol", frozenset()) is None  # may run over
+    assert cap.over_quota(by_slug["cpu"], "carol", frozenset()) is None
+    assert cap.over_quota(by_slug["half"], "carol", frozenset()) == (
+        "Needs 0.5 GPU; your GPU quota has 0.25 GPU left"
+    )
+    (tmp_path / "u").mkdir()
+    unlimited = _capacity(tmp_path / "u", profiles=QUOTA_CATALOG)
+    assert unlimited.over_quota(by_slug["spot-2"], "carol", frozenset()) is None

@@ -230,3 +230,38 @@ def test_rule_error_is_a_value_error_with_json():
     e = error_of('IF gpu_power > 1 THEN alert("A")')
     assert isinstance(e, ValueError)
     assert e.to_json() == {"message": e.message, "line": 1, "column": 16}
+
+
+def test_rule_text_over_the_cap_is_refused_without_echoing_it():
+    from gpulab.hub.alerts.parser import MAX_RULE_CHARS, MAX_RULES_TEXT_CHARS
+
+    long_rule = 'IF gpu_utilization > 90% THEN alert("' + "X" * MAX_RULE_CHARS + '")'
+    with pytest.raises(RuleError) as e:
+        parse_rule(long_rule)
+    assert e.value.message == (
+        f"the rule text is {len(long_rule)} characters long; at most {MAX_RULE_CHARS} are read"
+    )
+    assert len(str(e.value)) < 200
+    huge = "# comment\n" * (MAX_RULES_TEXT_CHARS // 10 + 1)
+    with pytest.raises(RuleError, match="at most 65536 are read"):
+        parse_rules(huge)
+    with pytest.raises(RuleError) as e:
+        parse_rules("# fine\n" + long_rule)
+    assert (e.value.line, e.value.message) == (
+        2,
+        f"line 2 is {len(long_rule)} characters long; a rule has at most {MAX_RULE_CHARS}",
+    )
+
+
+def test_a_rule_has_at_most_32_conditions():
+    from gpulab.hub.alerts.parser import MAX_CONDITIONS
+
+    def rule(n: int) -> str:
+        return "IF " + " AND ".join(["gpu_utilization > 50%"] * n) + ' THEN alert("MANY")'
+
+    assert len(parse_rule(rule(MAX_CONDITIONS)).conditions()) == MAX_CONDITIONS
+    text = rule(MAX_CONDITIONS + 1)
+    with pytest.raises(RuleError) as e:
+        parse_rule(text)
+    assert e.value.message == "a rule has at most 32 conditions"
+    assert e.value.column == text.rindex("gpu_utilization") + 1
