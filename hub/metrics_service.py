@@ -25,6 +25,7 @@ $GPULAB_METRICS_CONFIG).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -490,10 +491,9 @@ class AlertsHandler(ServiceHandler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
+    # the hub stopping its services (SIGINT) is a normal end, not a traceback in its log
+    with contextlib.suppress(KeyboardInterrupt):
         MetricsService.launch_instance(argv)
-    except KeyboardInterrupt:  # the hub stopping its services: no traceback for a normal end
-        pass
 
 
 if __name__ == "__main__":
