@@ -1,0 +1,145 @@
+"""Server names and records through a real hub: the reserved name `default`, homes a renamed server
+keeps, and refused first starts that leave no record counting against the named-server limit."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+LIMIT_2 = "c.JupyterHub.named_server_limit_per_user = 2\n"
+
+
+def _servers(hub, user: str) -> dict[str, dict]:
+    """Every server record of `user`, stopped ones included."""
+    r = hub.api("GET", f"/users/{user}", params={"include_stopped_servers": "1"})
+    assert r.status_code == 200, r.text
+    return r.json()["servers"]
+
+
+def test_a_named_server_called_default_is_refused_before_any_record_exists(make_hub):
+    hub = make_hub()
+    hub.create_user("alice")
+    message = "The server name 'default' is reserved: it is the default server's home"
+    for method in ("POST", "PUT"):
+        r = hub.api(method, "/users/alice/servers/default", json={"profile": "cpu"})
+        assert r.status_code == 400, (method, r.text)
+        assert r.json()["message"] == message
+    assert "default" not in _servers(hub, "alice")
+    assert hub.allocations() == {}
+    assert not hub.home("alice", "default").exists()
+
+    # the spawn form refuses it too (JupyterHub's page shows the message)
+    admin = hub.login("admin", hub.admin_password())
+    xsrf = admin.cookies.get("_xsrf", path="/hub/")
+    r = admin.post("/hub/spawn/admin/default", data={"profile": "cpu", "_xsrf": xsrf})
+    assert r.status_code == 400
+    assert "The server name &#39;default&#39; is reserved" in r.text
+    assert "default" not in _servers(hub, "admin")
+
+    # and so does renaming a server to it
+    hub.api("PUT", "/users/alice/servers/scratch")
+    r = hub.api("PATCH", "/users/alice/servers/scratch", json={"name": "default"})
+    assert r.status_code == 400 and r.json()["message"] == message
+    assert set(_servers(hub, "alice")) - {""} == {"scratch"}
+
+
+def test_a_renamed_server_keeps_its_home_and_its_old_name_stays_taken(make_hub):
+    hub = make_hub()
+    hub.create_user("alice")
+    hub.start_server("alice", "train")
+    (hub.home("alice", "train") / "weights.txt").write_text("w\n")
+    hub.stop_server("alice", "train")
+    r = hub.api("PATCH", "/users/alice/servers/train", json={"name": "train-v1"})
+    assert r.status_code == 200, r.text
+
+    r = hub.spawn("alice", "train", profile="cpu")
+    assert r.status_code == 400
+    assert r.json()["message"] == (
+        "The server name 'train' is taken: it is the home of alice's server 'train-v1' "
+        "(a renamed server keeps its home); pick another name"
+    )
+    assert set(_servers(hub, "alice")) - {""} == {"train-v1"}
+    # the renamed server still starts in its home
+    hub.start_server("alice", "train-v1")
+    assert hub.server_env("alice", "train-v1")["HOME"] == str(hub.home("alice", "train"))
+
+    # the default server cannot be renamed: a new default server would share home 'default'
+    r = hub.api("PATCH", "/users/alice/server", json={"name": "old-default"})
+    assert r.status_code == 400
+    assert r.json()["message"].startswith("The default server cannot be renamed")
+    assert "old-default" not in _servers(hub, "alice")
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "message"),
+    [
+        ({"profile": "gpu-17"}, 400, "Unknown profile 'gpu-17'"),
+        ({"profile": "gpu-2"}, 403, "GPU quota exceeded: User 'bob' asks for 2 GPUs"),
+        ({"profile": "gpu-8"}, 409, "Profile '8 GPUs' asks for more than any machine here"),
+    ],
+    ids=["unknown-profile", "over-quota", "larger-than-the-machine"],
+)
+def test_refused_first_starts_leave_no_record_and_do_not_count_against_the_limit(
+    make_hub, options, status, message
+):
+    hub = make_hub("c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n" + LIMIT_2)
+    hub.create_user("bob")
+    for name in ("a", "b", "c"):
+        r = hub.spawn("bob", name, **options)
+        assert r.status_code == status, r.text
+        assert r.json()["message"].startswith(message)
+    assert set(_servers(hub, "bob")) == {""}  # the default server's record JupyterHub made
+    assert hub.allocations() == {}
+    # two named servers may still be created: nothing counted the refused ones
+    hub.start_server("bob", "x", profile="cpu")
+    hub.start_server("bob", "y", profile="cpu")
+    r = hub.spawn("bob", "z", profile="cpu")
+    assert r.status_code == 400 and "already has the maximum of 2 named servers" in r.text
+
+
+def test_a_refused_start_of_an_existing_server_keeps_its_record(make_hub):
+    hub = make_hub()
+    hub.create_user("bob")
+    hub.start_server("bob", "keep", profile="cpu")
+    hub.stop_server("bob", "keep")
+    r = hub.spawn("bob", "keep", profile="gpu-17")
+    assert r.status_code == 400
+    assert "keep" in _servers(hub, "bob")
+
+
+def test_a_first_start_refused_in_the_background_is_forgotten_once_reported(make_hub):
+    # slow_spawn_timeout 0: JupyterHub answers 202 at once and the refusal comes later, as for a
+    # spawn that waits in the queue and times out
+    hub = make_hub(
+        "c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n"
+        + LIMIT_2
+        + "c.JupyterHub.tornado_settings.update({'slow_spawn_timeout': 0})\n"
+    )
+    admin = hub.login("admin", hub.admin_password())
+    xsrf = admin.cookies.get("_xsrf", path="/hub/")
+    r = admin.post("/hub/spawn/admin/big", data={"profile": "gpu-2", "_xsrf": xsrf})
+    # the form's POST waits a second for the start, then sends the person to the pending page
+    deadline = time.monotonic() + 30
+    page = r
+    while time.monotonic() < deadline and "GPU quota exceeded" not in page.text:
+        # the pending page: the start is still running, or it has been refused
+        page = admin.get("/hub/spawn-pending/admin/big")
+        time.sleep(0.5)
+    assert "GPU quota exceeded: User &#39;admin&#39; asks for 2 GPUs" in page.text
+    assert "big" not in _servers(hub, "admin")
+
+    # over the API: 202, then the refusal; the record goes before the next server is counted
+    for name in ("c", "d"):
+        r = hub.spawn("admin", name, profile="gpu-2")
+        assert r.status_code == 202, r.text
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (_servers(hub, "admin").get(name) or {}).get(
+            "pending"
+        ):
+            time.sleep(0.3)
+    hub.start_server("admin", "x", profile="cpu")
+    hub.start_server("admin", "y", profile="cpu")
+    assert set(_servers(hub, "admin")) == {"", "x", "y"}
