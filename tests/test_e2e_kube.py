@@ -18,7 +18,7 @@ import pytest
 from gpulab.spawner.devcluster import DevCluster, NodeSpec
 from gpulab.spawner.kube_resources import gpu_spec
 from tests.clustertools import running_dev_cluster
-from tests.hubtools import Hub
+from tests.hubtools import Hub, run_in_kernel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kube]
 
@@ -57,7 +57,9 @@ c.GPUKubeSpawner.delete_grace_period = 5
 c.GPUKubeSpawner.node_failure_seconds = 2
 c.GPUKubeSpawner.gpu_sharing = 'mig'
 c.GPUKubeSpawner.prestop_command = [sys.executable, '-m', 'gpulab.spawner.prestop']
+c.GPUKubeSpawner.network_policy_hub_cidrs = ['127.0.0.1/32']  # the test hub runs on the host
 c.GPUCapacity.profiles = {PROFILES!r}
+c.GPUCapacity.default_user_quota_gpus = 8  # these tests are about the cluster's capacity, not quotas
 """
 
 
@@ -143,6 +145,56 @@ def test_whole_gpu_server_runs_where_the_real_scheduler_put_it_and_capacity_matc
         "kim's pod to go", lambda: not [p for p in _pods(cluster) if "kim" in p["metadata"]["name"]]
     )
     assert hub.capacity()["a100-1"]["free"] == 8
+
+
+# what the server's kernel is and may do, as JSON on one line
+KERNEL_IDENTITY = """
+import json, os
+status = dict(l.split(":", 1) for l in open("/proc/self/status") if l.startswith(("Cap", "NoNew")))
+print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups()),
+                  "status": {k: v.strip() for k, v in status.items()}}))
+"""
+
+
+async def test_servers_run_hardened_as_a_non_root_uid_under_the_servers_network_policy(
+    kube_hub, cluster
+):
+    hub = kube_hub
+    hub.create_user("nora")
+    hub.start_server("nora", profile="cpu")
+    pod = _pod_of(cluster, "nora")
+    assert pod["spec"]["securityContext"] == {
+        "fsGroup": 100,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["spec"]["containers"][0]["securityContext"] == {
+        "runAsUser": 1000,
+        "runAsGroup": 100,
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": {"drop": ["ALL"]},
+    }
+    # the node agent applied it: the kernel (a child of the server) is uid 1000 without privileges
+    out = await run_in_kernel(hub, "nora", KERNEL_IDENTITY)
+    who = json.loads(out.strip().splitlines()[-1])
+    assert (who["uid"], who["gid"], who["groups"]) == (1000, 100, [100])
+    assert who["status"]["NoNewPrivs"] == "1"
+    assert who["status"]["CapEff"] == who["status"]["CapBnd"] == "0000000000000000"
+
+    policy = cluster.api(
+        "GET", "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/gpulab-singleuser"
+    )
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector == {"component": "singleuser-server", "app": "jupyterhub"}
+    assert selector.items() <= pod["metadata"]["labels"].items()  # the policy covers the pod
+    (ingress,) = policy["spec"]["ingress"]
+    assert ingress["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    assert {"ipBlock": {"cidr": "127.0.0.1/32"}} in ingress["from"]
+    internet = policy["spec"]["egress"][-1]["to"][0]["ipBlock"]
+    assert "169.254.169.254/32" in internet["except"]
+    hub.stop_server("nora")
 
 
 def test_ninth_whole_gpu_on_eight_is_refused_not_left_pending(kube_hub, cluster):
