@@ -29,16 +29,22 @@ def timed_spawn(hub: Hub, user: str, profile: str | None, timeout: float = 180) 
     return elapsed
 
 
-def alternate(hubs: dict[str, tuple[Hub, str | None]], rounds: int) -> dict[str, list[float]]:
-    """One untimed warm-up each, then `rounds` timed spawns each, order flipped every round."""
+def alternate(
+    hubs: dict[str, tuple[Hub, str | None]],
+    rounds: int,
+    users: dict[str, str] | None = None,
+) -> dict[str, list[float]]:
+    """One untimed warm-up each, then `rounds` timed spawns each, order flipped every round.
+    `users`: the hub user spawning on each hub (default 'bench')."""
     names = list(hubs)
-    for hub, profile in hubs.values():
-        timed_spawn(hub, "bench", profile)
+    user = {name: (users or {}).get(name, "bench") for name in names}
+    for name, (hub, profile) in hubs.items():
+        timed_spawn(hub, user[name], profile)
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(rounds):
         for name in names if i % 2 == 0 else reversed(names):
             hub, profile = hubs[name]
-            times[name].append(timed_spawn(hub, "bench", profile))
+            times[name].append(timed_spawn(hub, user[name], profile))
     return times
 
 

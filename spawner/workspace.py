@@ -183,16 +183,16 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode):
                 raise RuntimeError(f"{path} is not a directory")
-            if st.st_uid == os.geteuid() and st.st_uid != account.uid:
-                # made before servers ran as their own accounts (or just now): hand it over
-                skipped = adopt_tree(path, account.uid, account.gid)
-                for item in skipped:
-                    self.log.warning("Left %s as it was: it has links outside %s", item, path)
-            elif st.st_uid != account.uid:
+            if st.st_uid == account.uid:
+                continue  # hers already (an existing system user's home keeps its mode)
+            if st.st_uid != os.geteuid():
                 raise RuntimeError(
                     f"{path} belongs to uid {st.st_uid}, not to {account.name} ({account.uid})"
                 )
-            # the parent is the hub's (checked above), so `path` cannot be swapped meanwhile
+            # made just now, or before servers ran as their own accounts: hand it over. The
+            # parent is the hub's (checked above), so `path` cannot be swapped meanwhile.
+            for item in adopt_tree(path, account.uid, account.gid):
+                self.log.warning("Left %s as it was: it has links outside %s", item, path)
             os.chmod(path, 0o700, follow_symlinks=False)
 
     async def prepare_workspace(self, home: Path) -> None:

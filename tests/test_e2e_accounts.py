@@ -50,6 +50,13 @@ def _probe(targets: dict[str, str], homes: str, state: str, pids: dict[str, int]
     return f"TARGETS = {targets!r}\nHOMES = {homes!r}\nSTATE = {state!r}\nPIDS = {pids!r}\n" + PROBE
 
 
+def _useradd(name: str, *options: str) -> None:
+    """A system account as an admin would make it (uid in the test hubs' range, so that the hub's
+    cleanup removes it with the others)."""
+    range_ = ["-K", "UID_MIN=200000", "-K", "UID_MAX=299999"]
+    subprocess.run(["useradd", *range_, *options, name], check=True)
+
+
 def _uid_of(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):
@@ -196,18 +203,12 @@ def test_an_existing_account_not_made_for_the_user_is_refused(make_hub):
     hub = make_hub()
     hub.create_user("carol")
     squatter = hub.account_prefix + "carol"
-    subprocess.run(
-        ["useradd", "--no-create-home", "-K", "UID_MIN=200000", "-K", "UID_MAX=299999", squatter],
-        check=True,
-    )
-    try:
-        r = hub.spawn("carol")
-        assert r.status_code == 409, r.text
-        assert squatter in r.json()["message"] and "system_account_prefix" in r.json()["message"]
-        assert hub.server_model("carol") is None or not hub.server_model("carol").get("ready")
-        assert hub.allocations() == {}
-    finally:
-        subprocess.run(["userdel", squatter], check=False)
+    _useradd(squatter, "--no-create-home")  # removed with the hub's accounts at cleanup
+    r = hub.spawn("carol")
+    assert r.status_code == 409, r.text
+    assert squatter in r.json()["message"] and "system_account_prefix" in r.json()["message"]
+    assert hub.server_model("carol") is None or not hub.server_model("carol").get("ready")
+    assert hub.allocations() == {}
 
 
 def test_servers_as_the_hubs_root_account_need_an_explicit_single_person_opt_in(make_hub):
@@ -234,3 +235,26 @@ def test_a_single_person_install_says_so_on_every_page_and_admits_one_user(make_
     r = hub.spawn("bob")
     assert r.status_code == 403, r.text
     assert "shared_account_max_users" in r.json()["message"]
+
+
+async def test_existing_system_users_keep_their_accounts_with_workspaces_on(make_hub):
+    # GPULocalSpawner: the hub user is an existing system account of the same name (an admin made
+    # it); its workspace is that account's home, checkpoints are on and signed with its key file
+    hub = make_hub("c.JupyterHub.spawner_class = 'gpulab-local'\n")
+    name = hub.account_prefix + "dave"
+    home = hub.state_dir / "system-homes" / name
+    home.parent.mkdir(mode=0o711)
+    _useradd(name, "--home-dir", str(home), "--create-home")
+    hub.create_user(name)
+    hub.start_server(name)
+    dave = hub.account("dave")
+    assert _uid_of(hub.server_pid(name)) == dave.pw_uid
+    env = hub.server_env(name)
+    assert env["HOME"] == str(home)
+    assert os.stat(env["GPULAB_CHECKPOINT_KEY_FILE"]).st_uid == dave.pw_uid
+    await run_in_kernel(hub, name, "weights = [0.5, 0.25]")
+    hub.stop_server(name)
+    snaps = hub.api("GET", f"/gpulab/users/{name}/snapshots").json()
+    assert snaps["snapshots"] and [k["variables"] for k in snaps["kernels"]] == [1]
+    store = hub.state_dir / "snapshots" / name
+    assert store.stat().st_uid == dave.pw_uid

@@ -28,7 +28,7 @@ def test_each_stop_snapshots_the_home_and_a_snapshot_can_be_restored(make_hub):
 
     hub.start_server("alice")
     r = hub.api("POST", f"{snapshots_url}/{older['id']}/restore")
-    assert r.status_code == 409 and "Stop server alice/ before restoring" in r.json()["message"]
+    assert r.status_code == 409 and "while the default server uses it" in r.json()["message"]
     hub.stop_server("alice")
 
     r = hub.api("POST", f"{snapshots_url}/{older['id']}/restore")

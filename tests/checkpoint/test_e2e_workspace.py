@@ -57,8 +57,13 @@ async def test_kernel_variables_survive_a_server_restart(hub):
     hub.stop_server("alice")
 
 
-async def test_packages_installed_in_a_kernel_survive_a_server_restart(hub, tmp_path):
-    wheel = build_tiny_wheel(tmp_path)
+async def test_packages_installed_in_a_kernel_survive_a_server_restart(hub):
+    # the wheel must be readable by alice's account: next to the hub's state, not in pytest's
+    # private tmp_path
+    wheels = hub.state_dir / "wheels"
+    wheels.mkdir(mode=0o755, exist_ok=True)
+    wheels.chmod(0o755)
+    wheel = build_tiny_wheel(wheels)
     hub.start_server("alice")
     out = await run_in_kernel(
         hub, "alice", f"%pip install --no-index --no-deps {wheel}", timeout=120

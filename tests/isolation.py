@@ -1,0 +1,341 @@
+"""The cross-user attack catalogue: what user code and a user's token try against another user and
+the hub, run by tests/test_e2e_isolation.py (which asserts that every attempt is refused) and by
+`python -m bench.isolation` (which prints the table).
+
+An attempt ends as one of
+- refused: the operating system said no (PermissionError) or the hub/server answered 4xx;
+- leak: it worked (a file was read, a signal delivered, a 2xx answer with another user's data);
+- server_error: a 5xx answer (gpulab must refuse bad input with a 4xx, never fail on it).
+
+The attacker is "mallory", a normal user with her own server; the victim is "victor", who has a
+server, a file, a kernel checkpoint, snapshots and a running kernel. Every attempt is the strongest
+form we can give it: the attacker is handed the victim's paths, pids and kernel id.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import WebSocketClosedError, websocket_connect
+
+from tests.hubtools import Hub, run_in_kernel
+
+ATTACKER, VICTIM = "mallory", "victor"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    category: str
+    name: str
+    outcome: str  # refused | leak | server_error
+    detail: str = ""
+
+
+def _http_outcome(status: int) -> str:
+    if status >= 500:
+        return "server_error"
+    return "refused" if 400 <= status < 500 else "leak"
+
+
+# Runs in the attacker's kernel: each read/list/signal, reported as allowed/denied/missing.
+KERNEL_PROBE = """
+import json, os
+def attempt(fn):
+    try:
+        fn()
+        return "allowed"
+    except PermissionError:
+        return "denied"
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return type(e).__name__
+def read(path):
+    return lambda: open(path, "rb").read(1)
+results = {}
+for name, path in READS.items():
+    results[name] = attempt(read(path))
+for name, path in LISTINGS.items():
+    results[name] = attempt(lambda: os.listdir(path))
+for name, pid in PIDS.items():
+    results["environ of " + name] = attempt(read(f"/proc/{pid}/environ"))
+    results["signal " + name] = attempt(lambda: os.kill(pid, 0))
+print(json.dumps(results))
+"""
+
+
+async def prepare_victim(hub: Hub) -> dict[str, Any]:
+    """Both users exist and run servers; the victim leaves a file, a checkpoint and a snapshot."""
+    for user in (ATTACKER, VICTIM):
+        hub.create_user(user)
+        hub.start_server(user)
+    await run_in_kernel(hub, VICTIM, "open('diary.txt', 'w').write('private')\nsecret = 42")
+    hub.stop_server(VICTIM)  # the final checkpoint and an on-stop snapshot
+    hub.start_server(VICTIM)
+    tokens = {
+        user: hub.api("POST", f"/users/{user}/tokens", json={"note": "attack"}).json()["token"]
+        for user in (ATTACKER, VICTIM)
+    }
+    snapshots = hub.api("GET", f"/gpulab/users/{VICTIM}/snapshots").json()["snapshots"]
+    return {"tokens": tokens, "snapshot": snapshots[0]["id"]}
+
+
+async def kernel_attacks(hub: Hub) -> list[Attempt]:
+    """From inside the attacker's kernel: the victim's files and processes, the hub's state."""
+    state = hub.state_dir
+    home = hub.home(VICTIM)
+    victim_env = hub.server_env(VICTIM)
+    reads = {
+        "victim's file": str(home / "diary.txt"),
+        "victim's checkpoint": str(
+            next((home / ".gpulab" / "checkpoints").rglob("manifest.json"), "no checkpoint")
+        ),
+        "victim's key file": victim_env["GPULAB_CHECKPOINT_KEY_FILE"],
+        "victim's snapshot": str(next((state / "snapshots" / VICTIM / "default").iterdir())),
+        "hub database": str(state / "jupyterhub.sqlite"),
+        "hub cookie secret": str(state / "jupyterhub_cookie_secret"),
+        "hub checkpoint secret": str(state / "gpulab-checkpoint-secret"),
+        "allocations database": str(state / "gpulab-allocations.sqlite"),
+        "initial admin password": str(state / "initial-admin-password"),
+    }
+    missing = [name for name, path in reads.items() if not Path(path).exists()]
+    assert not missing, f"the probe's targets must exist to prove anything: {missing}"
+    listings = {
+        "list the victim's home": str(home),
+        "list all homes": str(state / "homes"),
+        "list the hub's state": str(state),
+    }
+    pids = {"the victim's server": hub.server_pid(VICTIM)}
+    if hub.proc is not None:
+        pids["the hub"] = hub.proc.pid
+    code = f"READS = {reads!r}\nLISTINGS = {listings!r}\nPIDS = {pids!r}\n" + KERNEL_PROBE
+    out = await run_in_kernel(hub, ATTACKER, code)
+    results = json.loads(out.splitlines()[-1])
+    category = {
+        **dict.fromkeys(["victim's file", "victim's checkpoint", "victim's key file"], "files"),
+        "victim's snapshot": "files",
+        "list the victim's home": "files",
+        "list all homes": "files",
+    }
+    attempts = []
+    for name, result in results.items():
+        cat = category.get(name) or (
+            "processes" if name.split()[0] in ("environ", "signal") else "hub secrets"
+        )
+        attempts.append(Attempt(cat, name, "refused" if result == "denied" else "leak", result))
+    return attempts
+
+
+async def deputy_attacks(hub: Hub) -> list[Attempt]:
+    """The attacker links the hub's cookie secret into her home and has the hub snapshot, restore
+    and clone it: the hub must never copy what the link points at."""
+    cookie = hub.state_dir / "jupyterhub_cookie_secret"
+    await run_in_kernel(hub, ATTACKER, f"import os\nos.symlink({str(cookie)!r}, 'loot')")
+    hub.stop_server(ATTACKER)
+    snaps = hub.api("GET", f"/gpulab/users/{ATTACKER}/snapshots").json()["snapshots"]
+    hub.api("POST", f"/gpulab/users/{ATTACKER}/snapshots/{snaps[0]['id']}/restore")
+    hub.start_server(ATTACKER)
+    probe = (
+        "try:\n    data = open('loot', 'rb').read()\n    print('read', len(data))\n"
+        "except PermissionError:\n    print('denied')"
+    )
+    out = (await run_in_kernel(hub, ATTACKER, probe)).splitlines()[-1]
+    stored = [p for p in (hub.state_dir / "snapshots" / ATTACKER).rglob("loot")]
+    copied = [p for p in stored if not p.is_symlink()]
+    return [
+        Attempt(
+            "confused deputy",
+            "read the cookie secret via a restored link",
+            "refused" if out == "denied" else "leak",
+            out,
+        ),
+        Attempt(
+            "confused deputy",
+            "snapshot copies what a link points at",
+            "leak" if copied else "refused",
+            f"{len(stored)} stored, {len(copied)} copied",
+        ),
+    ]
+
+
+async def api_attacks(hub: Hub, victim: dict[str, Any]) -> list[Attempt]:
+    """The attacker's own token against the victim's resources on the hub and her server."""
+    token = victim["tokens"][ATTACKER]
+    snap = victim["snapshot"]
+    api = f"{hub.url}/hub/api"
+    requests: list[tuple[str, str, str, Any]] = [
+        ("rest", "list the victim's snapshots", "GET", f"{api}/gpulab/users/{VICTIM}/snapshots"),
+        ("rest", "snapshot the victim's server", "POST", f"{api}/gpulab/users/{VICTIM}/snapshots"),
+        (
+            "rest",
+            "restore the victim's snapshot",
+            "POST",
+            f"{api}/gpulab/users/{VICTIM}/snapshots/{snap}/restore",
+        ),
+        (
+            "rest",
+            "clone the victim's snapshot",
+            "POST",
+            f"{api}/gpulab/users/{VICTIM}/snapshots/{snap}/clone",
+        ),
+        ("rest", "list every allocation", "GET", f"{api}/gpulab/allocations"),
+        ("rest", "read the victim's user model", "GET", f"{api}/users/{VICTIM}"),
+        ("rest", "start a server as the victim", "POST", f"{api}/users/{VICTIM}/servers/x"),
+        ("rest", "stop the victim's server", "DELETE", f"{api}/users/{VICTIM}/server"),
+        ("rest", "make a token for the victim", "POST", f"{api}/users/{VICTIM}/tokens"),
+        (
+            "server",
+            "read the victim's files through her server",
+            "GET",
+            f"{hub.url}/user/{VICTIM}/api/contents/diary.txt",
+        ),
+        ("server", "list the victim's kernels", "GET", f"{hub.url}/user/{VICTIM}/api/kernels"),
+        (
+            "metrics",
+            "read the metrics service's admin API",
+            "GET",
+            f"{hub.url}/services/gpulab-metrics/api/servers",
+        ),
+    ]
+    attempts = []
+    async with httpx.AsyncClient(headers={"Authorization": f"token {token}"}, timeout=30) as client:
+        for category, name, method, url in requests:
+            body = {"name": "stolen"} if name.startswith("clone") else None
+            r = await client.request(method, url, json=body)
+            attempts.append(
+                Attempt(category, name, _http_outcome(r.status_code), str(r.status_code))
+            )
+        # the victim's kernel, by id (the strongest case: the attacker somehow learnt it)
+        r = await client.post(
+            f"{hub.url}/user/{VICTIM}/api/kernels",
+            headers={"Authorization": f"token {victim['tokens'][VICTIM]}"},
+            json={"name": "python3"},
+        )
+        kernel = r.json()["id"]
+        ws_url = f"{hub.url}/user/{VICTIM}/api/kernels/{kernel}/channels".replace(
+            "http://", "ws://"
+        )
+        try:
+            ws = await websocket_connect(
+                HTTPRequest(ws_url, headers={"Authorization": f"token {token}"})
+            )
+            ws.close()
+            attempts.append(
+                Attempt("server", "open the victim's kernel websocket", "leak", "connected")
+            )
+        except (HTTPClientError, WebSocketClosedError) as e:
+            code = getattr(e, "code", 403)
+            attempts.append(
+                Attempt(
+                    "server", "open the victim's kernel websocket", _http_outcome(code), str(code)
+                )
+            )
+    return attempts
+
+
+async def server_token_attacks(hub: Hub) -> list[Attempt]:
+    """From the attacker's kernel, with her server's own token (JUPYTERHUB_API_TOKEN)."""
+    code = f"""
+import json, os, urllib.request, urllib.error
+api = os.environ["JUPYTERHUB_API_URL"]
+token = os.environ["JUPYTERHUB_API_TOKEN"]
+out = {{}}
+for name, method, path in [
+    ("read the victim with the server's token", "GET", "/users/{VICTIM}"),
+    ("stop the victim's server with the server's token", "DELETE", "/users/{VICTIM}/server"),
+    ("list users with the server's token", "GET", "/users"),
+]:
+    req = urllib.request.Request(api + path, method=method, headers={{"Authorization": "token " + token}})
+    try:
+        out[name] = urllib.request.urlopen(req, timeout=20).status
+    except urllib.error.HTTPError as e:
+        out[name] = e.code
+print(json.dumps(out))
+"""
+    out = await run_in_kernel(hub, ATTACKER, code)
+    results = json.loads(out.splitlines()[-1])
+    return [
+        Attempt("tokens", name, _http_outcome(status), str(status))
+        for name, status in results.items()
+    ]
+
+
+async def input_attacks(hub: Hub, victim: dict[str, Any]) -> list[Attempt]:
+    """Oversized and malformed input to gpulab's endpoints: 4xx, never 5xx, nothing created."""
+    token = victim["tokens"][ATTACKER]
+    api = f"{hub.url}/hub/api"
+    big = {"profile": "x" * (10 * 1024 * 1024)}
+    cases: list[tuple[str, str, str, Any]] = [
+        ("a 10 MB spawn body", "POST", f"{api}/users/{ATTACKER}/servers/big", big),
+        ("a 10 MB clone body", "POST", f"{api}/gpulab/users/{ATTACKER}/snapshots/x/clone", big),
+        ("a named server called 'default'", "POST", f"{api}/users/{ATTACKER}/servers/default", {}),
+        (
+            "a server option that is not an object",
+            "POST",
+            f"{api}/users/{ATTACKER}/servers/odd",
+            ["gpu"],
+        ),
+        (
+            "an unknown profile",
+            "POST",
+            f"{api}/users/{ATTACKER}/servers/odd",
+            {"profile": "../../etc"},
+        ),
+        (
+            "a snapshot id with a path in it",
+            "POST",
+            f"{api}/gpulab/users/{ATTACKER}/snapshots/..%2F..%2Fetc/restore",
+            None,
+        ),
+    ]
+    attempts = []
+    async with httpx.AsyncClient(headers={"Authorization": f"token {token}"}, timeout=60) as client:
+        for name, method, url, body in cases:
+            r = await client.request(method, url, json=body)
+            attempts.append(
+                Attempt("input", name, _http_outcome(r.status_code), str(r.status_code))
+            )
+    model = hub.api("GET", f"/users/{ATTACKER}").json()
+    leftover = sorted(set(model.get("servers", {})) - {""})
+    attempts.append(
+        Attempt(
+            "input",
+            "refused spawns leave no server record",
+            "leak" if leftover else "refused",
+            ",".join(leftover),
+        )
+    )
+    return attempts
+
+
+async def local_attack_suite(hub: Hub) -> list[Attempt]:
+    """Every attempt of the catalogue against a running local hub (per-user accounts)."""
+    victim = await prepare_victim(hub)
+    attempts = []
+    attempts += await kernel_attacks(hub)
+    attempts += await server_token_attacks(hub)
+    attempts += await api_attacks(hub, victim)
+    attempts += await input_attacks(hub, victim)
+    attempts += await deputy_attacks(hub)
+    return attempts
+
+
+def table(attempts: list[Attempt]) -> str:
+    """Attempts by category: count, leaks, server errors; then every attempt that was not refused."""
+    cats: dict[str, list[Attempt]] = {}
+    for a in attempts:
+        cats.setdefault(a.category, []).append(a)
+    lines = [f"{'category':<18} {'attempts':>8} {'leaks':>6} {'5xx':>4}"]
+    for cat, items in cats.items():
+        leaks = sum(a.outcome == "leak" for a in items)
+        errors = sum(a.outcome == "server_error" for a in items)
+        lines.append(f"{cat:<18} {len(items):>8} {leaks:>6} {errors:>4}")
+    for a in attempts:
+        if a.outcome != "refused":
+            lines.append(f"  {a.outcome.upper()}: [{a.category}] {a.name} ({a.detail})")
+    return "\n".join(lines)
