@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import json
 import threading
 import time
 
@@ -98,3 +100,96 @@ def test_spawn_waits_in_queue_and_picker_counts_it_until_a_gpu_frees(make_hub):
     hub.wait_ready("carol")
     assert hub.capacity()["gpu-1"]["waiting"] == 0
     assert {a["owner"] for a in hub.allocations().values()} == {"bob", "carol"}
+
+
+def _new_log(hub, since: int) -> str:
+    """What the hub wrote to its log after byte offset `since`."""
+    return hub.log_path.read_bytes()[since:].decode(errors="replace")
+
+
+def test_a_10_mb_spawn_body_is_refused_with_413_and_never_echoed(make_hub):
+    hub = make_hub(CATALOG)
+    hub.create_user("mallory")
+    before = hub.log_path.stat().st_size
+    body = {"profile": "x" * (10 * 1024 * 1024)}
+    for path in ("/users/mallory/server", "/users/mallory/servers/big"):
+        r = hub.api("POST", path, json=body)
+        assert r.status_code == 413, r.text[:500]
+        assert r.json()["message"].startswith("The request body is 104857")
+        assert r.json()["message"].endswith("bytes; gpulab accepts at most 65536 bytes")
+        assert len(r.content) < 1000
+    assert len(_new_log(hub, before)) < 20_000  # two refusals, not 3 x 10 MB each
+    assert "Traceback" not in _new_log(hub, before)
+    assert hub.server_model("mallory") is None
+    model = hub.api("GET", "/users/mallory", params={"include_stopped_servers": "1"}).json()
+    assert set(model["servers"]) <= {""}
+    assert hub.allocations() == {}
+
+
+def test_gpulab_endpoints_cap_request_bodies_at_64_kib(make_hub):
+    hub = make_hub(CATALOG)
+    hub.create_user("mallory")
+    url = "/gpulab/users/mallory/snapshots/some-id/clone"
+    body = json.dumps({"name": "n" * 70_000}).encode()
+    r = hub.api("POST", url, content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413, r.text[:500]
+    assert r.json()["message"] == (
+        f"The request body is {len(body)} bytes; gpulab accepts at most 65536 bytes"
+    )
+    model = hub.api("GET", "/users/mallory", params={"include_stopped_servers": "1"}).json()
+    assert set(model["servers"]) <= {""}
+    # a body under the cap is read, and its bad value echoed only shortened
+    r = hub.api("POST", url, json={"name": "N" * 5000})
+    assert r.status_code in (400, 404), r.text[:500]
+    assert len(r.json()["message"]) < 300
+
+
+def test_long_values_are_echoed_shortened_and_refusals_log_one_line(make_hub):
+    hub = make_hub(CATALOG)
+    hub.create_user("mallory")
+    before = hub.log_path.stat().st_size
+    r = hub.spawn("mallory", profile="p" * 5000)
+    assert r.status_code == 400, r.text[:500]
+    message = r.json()["message"]
+    assert message.startswith("Unknown profile '" + "p" * 79 + "…; available to you: ['cpu'")
+    assert len(message) < 300
+    r = hub.spawn("mallory", profile="cpu", restore_kernels=["k"] * 2000)
+    assert r.status_code == 400
+    assert r.json()["message"].startswith("'restore_kernels' must be true or false, got ['k'")
+    assert len(r.json()["message"]) < 200
+    log = _new_log(hub, before)
+    assert "Unknown profile 'ppp" in log
+    assert "Traceback" not in log
+    assert max(len(line) for line in log.splitlines()) < 1000
+    assert hub.allocations() == {}
+
+
+def _spawn_page_outcome(session, user: str, server: str, data: dict[str, str]) -> str:
+    """POST the spawn form, then follow the pending page until the start has ended; the text a
+    person ends up reading."""
+    data = {**data, "_xsrf": session.cookies.get("_xsrf", path="/hub/")}
+    page = session.post(f"/hub/spawn/{user}/{server}", data=data)
+    deadline = time.monotonic() + 60
+    while "/spawn-pending/" in str(page.url) and time.monotonic() < deadline:
+        if 'id="progress-message"' not in page.text:
+            break  # no longer the progress page: it says how the start ended
+        time.sleep(0.5)
+        page = session.get(f"/hub/spawn-pending/{user}/{server}")
+    return html.unescape(page.text)
+
+
+def test_the_spawn_form_shows_why_a_start_was_refused(make_hub):
+    hub = make_hub(CATALOG)
+    admin = hub.login("admin", hub.admin_password())
+    hub.start_server("admin", profile="gpu-1")
+    before = hub.log_path.stat().st_size
+    # a second GPU server is over the 1-GPU default quota: the page says so and what to do
+    text = _spawn_page_outcome(admin, "admin", "more", {"profile": "gpu-quarter"})
+    assert (
+        "GPU quota exceeded: User 'admin' asks for 0.25 GPU but has 0 GPU of a 1 GPU budget "
+        "left. Stop one of your GPU servers, or a CPU-only server ('cpu')."
+    ) in text
+    assert "Traceback" not in _new_log(hub, before)
+    assert set(hub.allocations()) == {"admin/"}
+    model = hub.api("GET", "/users/admin", params={"include_stopped_servers": "1"}).json()
+    assert "more" not in model["servers"]
