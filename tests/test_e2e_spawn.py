@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -110,7 +111,7 @@ def test_named_servers_each_hold_their_own_share(make_hub):
 
 
 def test_stopping_a_server_frees_its_share(make_hub):
-    hub = make_hub(TWO_A100)
+    hub = make_hub(TWO_A100 + "c.GPUCapacity.user_quota_gpus = {'alice': 2}\n")
     hub.create_user("alice")
     hub.start_server("alice", profile="gpu-2")
     assert hub.capacity()["gpu-1"]["free"] == 0
@@ -174,3 +175,46 @@ def test_profile_cpu_and_memory_limits_reach_the_server(make_hub):
     env = hub.server_env("alice")
     assert env["MEM_LIMIT"] == str(2 * 1024**3)
     assert env["CPU_LIMIT"] == "1.0"
+
+
+def test_the_shipped_quota_is_one_gpu_per_user_and_the_picker_closes_what_would_exceed_it(
+    make_hub,
+):
+    hub = make_hub(TWO_A100)
+    hub.create_user("alice")
+    hub.create_user("bob")
+    r = hub.spawn("alice", profile="gpu-2")
+    assert r.status_code == 403, r.text
+    assert r.json()["message"] == (
+        "GPU quota exceeded: User 'alice' asks for 2 GPUs but has 1 GPU of a 1 GPU budget left. "
+        "Stop one of your GPU servers, or pick a profile within the 1 GPU left "
+        "('gpu-1', 'gpu-half', 'gpu-quarter', 'gpu-eighth')."
+    )
+    assert hub.allocations() == {}
+    hub.start_server("alice", "a", profile="gpu-half")
+
+    admin = hub.login("admin", hub.admin_password())
+    page = admin.get("/hub/spawn/alice/b").text
+    assert "GPU quota: 0.5 GPU in use, 0.5 GPU left" in page
+    closed = dict(
+        re.findall(
+            r'id="profile-([a-z0-9-]+)" value="[^"]+"\s*(?:checked)?\s*disabled>.*?'
+            r'gpulab-closed-reason text-danger">([^<]+)<',
+            page,
+            flags=re.S,
+        )
+    )
+    assert closed == {
+        "gpu-1": "Needs 1 GPU; your GPU quota has 0.5 GPU left",
+        "gpu-2": "Needs 2 GPUs; your GPU quota has 0.5 GPU left",
+        "gpu-4": "Larger than any machine here",
+        "gpu-8": "Larger than any machine here",
+    }
+    # what the picker leaves open starts; another user's budget is their own
+    hub.start_server("alice", "b", profile="gpu-half")
+    hub.start_server("bob", profile="gpu-1")
+    assert {a: v["owner"] for a, v in hub.allocations().items()} == {
+        "alice/a": "alice",
+        "alice/b": "alice",
+        "bob/": "bob",
+    }
