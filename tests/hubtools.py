@@ -110,6 +110,9 @@ class Hub:
             f"c.GPUSimpleLocalSpawner.system_account_prefix = {self.account_prefix!r}\n" + overlay
         )
         self.proc: subprocess.Popen[bytes] | None = None
+        #: a system account to run the hub as instead of root (tests of a non-root hub); the state
+        #: directory must then be that account's
+        self.run_as: str | None = None
         self.log_path = self.state_dir / "hub.log"
         self.client = httpx.Client(
             base_url=f"{self.url}/hub/api",
@@ -131,6 +134,8 @@ class Hub:
         )
         env.update(self.extra_env)
         with open(self.log_path, "ab") as log:
+            if self.run_as:
+                env.update(HOME=str(self.state_dir), USER=self.run_as)
             self.proc = subprocess.Popen(
                 [str(BIN / "jupyterhub"), "-f", str(SHIPPED_CONFIG)],
                 cwd=self.state_dir,
@@ -138,6 +143,9 @@ class Hub:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                user=self.run_as,
+                group=pwd.getpwnam(self.run_as).pw_gid if self.run_as else None,
+                extra_groups=[] if self.run_as else None,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -258,3 +258,25 @@ async def test_existing_system_users_keep_their_accounts_with_workspaces_on(make
     assert snaps["snapshots"] and [k["variables"] for k in snaps["kernels"]] == [1]
     store = hub.state_dir / "snapshots" / name
     assert store.stat().st_uid == dave.pw_uid
+
+
+def test_a_hub_that_is_not_root_says_users_share_its_account_and_admits_one_user(make_hub):
+    hub = make_hub(start=False)
+    service = hub.account_prefix + "hubsvc"  # removed with the hub's accounts at cleanup
+    _useradd(service, "--no-create-home")
+    uid, gid = hub.account("hubsvc").pw_uid, hub.account("hubsvc").pw_gid
+    os.chown(hub.state_dir, uid, gid)
+    hub.run_as = service
+    hub.start()
+    hub.create_user("alice")
+    hub.create_user("bob")
+    hub.start_server("alice")
+    assert _uid_of(hub.server_pid("alice")) == uid  # the hub's own account: no switch possible
+    page = hub.login("admin", hub.admin_password()).get("/hub/home").text
+    assert f"All users' servers run as one OS account ({service})" in page
+    assert "gpulab: WARNING: All users' servers run as one OS account" in hub.log()
+    r = hub.spawn("bob")
+    assert r.status_code == 403, r.text
+    assert "shared_account_max_users" in r.json()["message"]
+    hub.stop_server("alice")
+    hub.start_server("bob")  # one user at a time, not one user ever
