@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpulab.spawner.devcluster import DevCluster
+from gpulab.spawner.kube_workspace import KEY_FILE
 from tests.clustertools import running_dev_cluster
 from tests.hubtools import Hub, run_in_kernel
 from tests.test_e2e_kube import NODES, OVERLAY, _pod_of, _pods, _wait
@@ -45,6 +46,29 @@ print("HOME", os.environ["HOME"], os.getcwd())
 """
 
 READ_VARIABLES = "print('losses', losses, 'config', config)"
+
+# the kernel's own key file, and how many environments of the pod's processes hold the key
+READ_KEY_AND_ENVIRONMENTS = """
+import os
+key = open(os.environ["GPULAB_CHECKPOINT_KEY_FILE"]).read().strip()
+holding = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        holding += key.encode() in open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        pass
+print("key", key, "environments-with-key", holding)
+"""
+
+# another user's key at the node's copy of their Secret volume, and at the mount path
+READ_OTHER_KEY = """
+import os
+for path in {paths!r}:
+    try:
+        print(path, "read", open(path).read())
+    except OSError as e:
+        print(path, "refused", e.errno)
+"""
 
 
 def _snapshots(hub: Hub, user: str) -> list[dict]:
@@ -104,15 +128,29 @@ async def test_kernel_variables_files_and_packages_survive_a_restart_of_a_kube_s
     assert env["HOME"] == "/home/jovyan"
     assert env["GPULAB_CHECKPOINT_DIR"] == "/home/jovyan/.gpulab/checkpoints/default"
     assert env["GPULAB_CHECKPOINT_USER"] == "ada"
-    # the signing key is not in the pod spec: a per-user Secret carries it
-    (key_env,) = [e for e in container["env"] if e["name"] == "GPULAB_CHECKPOINT_KEY"]
-    assert "value" not in key_env
-    ref = key_env["valueFrom"]["secretKeyRef"]
-    assert ref == {"name": "gpulab-checkpoint-key-ada", "key": "key"}
-    secret = cluster.api("GET", f"/api/v1/namespaces/default/secrets/{ref['name']}")
+    # the signing key is neither in the pod spec nor in an environment: the pod names a file of
+    # the user's Secret, mounted read-only (0440, group-owned by the pod's fsGroup)
+    assert "GPULAB_CHECKPOINT_KEY" not in env
+    assert env["GPULAB_CHECKPOINT_KEY_FILE"] == "/etc/gpulab/checkpoint-key/key"
+    (key_volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "gpulab-checkpoint-key"]
+    assert key_volume["secret"] == {
+        "secretName": "gpulab-checkpoint-key-ada",
+        "items": [{"key": "key", "path": "key"}],
+        "defaultMode": 0o440,
+    }
+    assert {
+        "name": "gpulab-checkpoint-key",
+        "mountPath": "/etc/gpulab/checkpoint-key",
+        "readOnly": True,
+    } in container["volumeMounts"]
+    secret = cluster.api("GET", "/api/v1/namespaces/default/secrets/gpulab-checkpoint-key-ada")
     assert secret["metadata"]["labels"]["hub.jupyter.org/username"] == "ada"
-    assert len(bytes.fromhex(base64.b64decode(secret["data"]["key"]).decode())) == 32
+    key_hex = base64.b64decode(secret["data"]["key"]).decode()
+    assert len(bytes.fromhex(key_hex)) == 32
     assert "GPULAB_AUTO_RESTORE" not in env
+    # the kernel (uid 1000) reads it from the file; no process of the pod has it in its environment
+    out = await run_in_kernel(hub, "ada", READ_KEY_AND_ENVIRONMENTS)
+    assert f"key {key_hex} environments-with-key 0" in out
 
     out = await run_in_kernel(hub, "ada", SET_VARIABLES)
     assert "HOME /home/jovyan /home/jovyan" in out
@@ -185,7 +223,8 @@ async def test_snapshots_are_listed_restored_and_cloned_over_the_rest_api(ws_hub
     good = listing[-1]
     assert [s["label"] for s in listing] == ["on-demand", "on-stop"]
     r = hub.api("POST", f"{url}/{good['id']}/restore")
-    assert r.status_code == 409 and "Stop server cleo/" in r.json()["message"]
+    assert r.status_code == 409, r.text
+    assert "while the default server uses it: stop that server first" in r.json()["message"]
     hub.stop_server("cleo")
 
     token = hub.api("POST", "/users/eve/tokens", json={"note": "test"}).json()["token"]
@@ -282,3 +321,33 @@ async def test_a_server_lost_with_its_node_gets_its_kernel_variables_back_by_its
     out = await run_in_kernel(hub, "tess", "print('weights', weights)")
     assert "weights {'w': [1, 2, 3]}" in out
     hub.stop_server("tess")
+
+
+async def test_a_user_cannot_read_another_users_checkpoint_key_or_home(ws_hub, cluster):
+    hub = ws_hub
+    hub.create_user("ivy")
+    hub.create_user("mal")
+    hub.start_server("ivy", profile="cpu")
+    hub.start_server("mal", profile="cpu")
+    victim = _pod_of(cluster, "ivy")
+    meta = victim["metadata"]
+    pod_dir = cluster.state_dir / "agent" / "pods" / f"default_{meta['name']}_{meta['uid'][:8]}"
+    key_on_node = pod_dir / "volumes" / "gpulab-checkpoint-key" / "key"
+    home_on_node = _volume_dir(cluster, _claim_of(victim))
+    # a file the victim's server prepared in its home; there, for the node's root
+    home_file = next(p for p in sorted(home_on_node.rglob("*")) if p.is_file())
+    assert key_on_node.is_file()
+    own_key = base64.b64decode(
+        cluster.api("GET", "/api/v1/namespaces/default/secrets/gpulab-checkpoint-key-mal")["data"][
+            "key"
+        ]
+    ).decode()
+    paths = [str(key_on_node), str(home_file), KEY_FILE]
+    out = await run_in_kernel(hub, "mal", READ_OTHER_KEY.format(paths=paths))
+    # mal's pod runs as the same uid 1000 / fsGroup 100 as ivy's: what keeps them apart is that
+    # nothing of ivy's is mounted in mal's pod and the node keeps its copies root-only
+    assert f"{key_on_node} refused 13" in out
+    assert f"{home_file} refused 13" in out
+    assert f"{KEY_FILE} read {own_key}" in out  # at the mount path: mal's own key, nobody else's
+    hub.stop_server("ivy")
+    hub.stop_server("mal")

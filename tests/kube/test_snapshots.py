@@ -96,10 +96,13 @@ class Snapshots:
             if e.code != 404:
                 raise
 
-    def run(self, claim: str, script: str) -> str:
-        """Run a Python script in a pod with `claim` mounted at /gpulab-data; its output."""
+    def run(self, claim: str, script: str, security: dict[str, Any] | None = None) -> str:
+        """Run a Python script in a pod with `claim` mounted at /gpulab-data (with the pod
+        securityContext `security`); its output."""
         name = self.kube.name("vol")
         m = pod_manifest(name, [sys.executable, "-c", script])
+        if security:
+            m["spec"]["securityContext"] = security
         m["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
         m["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/gpulab-data"}]
         self.kube.create_pod(m)
@@ -215,3 +218,34 @@ def test_a_snapshot_waits_for_its_claim_and_a_restore_waits_for_the_snapshot(
     assert "error" not in snaps.get(snap)["status"]
     snaps.wait_bound(restored)
     assert snaps.run(restored, READ) == ""  # the snapshot of an empty volume
+
+
+OWNERS = """
+import os
+for root, dirs, files in sorted(os.walk("/gpulab-data")):
+    for n in sorted(dirs + files):
+        st = os.lstat(os.path.join(root, n))
+        print(os.path.relpath(os.path.join(root, n), "/gpulab-data"), st.st_uid, oct(st.st_mode & 0o777))
+os.chmod("/gpulab-data/private", 0o700)  # only an owner may: the restored files are still its own
+"""
+
+
+def test_a_claim_restored_from_a_snapshot_keeps_its_files_owners(
+    kube: Kube, snaps: Snapshots
+) -> None:
+    source, snap, restored = kube.name("src"), kube.name("snap"), kube.name("restored")
+    jovyan = {"runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100}
+    snaps.claim(source)
+    snaps.wait_bound(source)
+    write = (
+        "import os; os.makedirs('/gpulab-data/private', mode=0o700); "
+        "open('/gpulab-data/private/k', 'w').write('x')"
+    )
+    snaps.run(source, write, jovyan)
+    snaps.snapshot(snap, source)
+    snaps.wait_ready(snap)
+    snaps.claim(restored, snapshot=snap)
+    snaps.wait_bound(restored)
+    owners = snaps.run(restored, OWNERS, jovyan).splitlines()
+    # the agent (root) copied them twice; uid 1000 still owns them (fsGroup added group rw)
+    assert owners == ["private 1000 0o770", "private/k 1000 0o664"]

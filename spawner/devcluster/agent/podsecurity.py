@@ -211,3 +211,24 @@ def set_volume_ownership(root: Path, group: int, *, read_only: bool) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         for n in [*dirnames, *filenames]:
             change(os.path.join(dirpath, n))
+
+
+def copy_ownership(src_root: Path, dst_root: Path) -> None:
+    """Give every path under `dst_root` (a copy of `src_root`) the owner and group of its
+    original, as a filesystem-level snapshot keeps them: the copies are made by the agent
+    (root), and a home restored as root's would lock its non-root server out of its own files."""
+    for dirpath, dirnames, filenames in os.walk(dst_root):
+        rel = os.path.relpath(dirpath, dst_root)
+        for n in [".", *dirnames, *filenames]:
+            if n == "." and rel != ".":
+                continue
+            dst = os.path.normpath(os.path.join(dirpath, n))
+            src = os.path.normpath(os.path.join(src_root, rel, n))
+            try:
+                st = os.lstat(src)
+            except FileNotFoundError:
+                continue
+            mode = os.lstat(dst).st_mode
+            os.lchown(dst, st.st_uid, st.st_gid)
+            if not stat.S_ISLNK(mode):
+                os.chmod(dst, stat.S_IMODE(mode))  # chown drops setgid bits: put them back

@@ -38,6 +38,7 @@ from kubernetes_asyncio import client
 from gpulab.spawner.checkpoint import snapshots as trees
 
 from .kube import MERGE, Events, log, now, raw, status_of, watch_forever
+from .podsecurity import copy_ownership
 
 GROUP = "snapshot.storage.k8s.io"
 VERSION = "v1"
@@ -488,6 +489,7 @@ class SnapshotController:
             snap = await asyncio.to_thread(
                 trees.snapshot, pv_dir, self.store_root / pv_name, meta["name"]
             )
+            await asyncio.to_thread(copy_ownership, pv_dir, snap.tree)
             handle = f"{pv_name}/{snap.id}"
             if content is None:
                 content = await self._create_content(

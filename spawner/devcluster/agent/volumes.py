@@ -23,6 +23,7 @@ from gpulab.spawner.checkpoint import snapshots as trees
 
 from . import snapshots
 from .kube import Events, log, raw, status_of, watch_forever
+from .podsecurity import copy_ownership
 
 STORAGE_CLASS = "gpulab-local"
 PROVISIONER = "gpulab.io/local"
@@ -206,6 +207,7 @@ class Provisioner:
             if path.exists():
                 shutil.rmtree(path)  # a copy an earlier attempt did not finish
             await asyncio.to_thread(trees.clone, snap, path)
+            await asyncio.to_thread(copy_ownership, snap.tree, path)
         else:
             path.mkdir(parents=True, exist_ok=True)
         # the provisioner's own; pods write it through their fsGroup (podvolumes), as on a CSI
