@@ -2,14 +2,15 @@
 
 schemathesis generates requests for every operation, valid and invalid ones, and sends them to a
 real hub (tests/hubtools.py) with a normal user's token. A refusal must be a 4xx: no answer may
-be a 5xx. Bounded in examples per operation (each request is a real round trip to the hub), and
+be a 5xx; and every answer must be one the description documents (status, content type, body
+schema), so the published description stays true. Bounded in examples per operation (each request is a real round trip to the hub), and
 derandomized, so a failure is the same request on the next run.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -17,6 +18,12 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.core.failures import FailureGroup
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from gpulab.hub.handlers import gpulab_handlers
 from tests.hubtools import REPO, Hub
@@ -28,6 +35,7 @@ USER = "fuzz"
 NAMED = "exp"
 EXAMPLES_PER_OPERATION = 15
 MODES = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
+CONFORMANCE = [status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
 @dataclass
@@ -59,21 +67,27 @@ def fuzzed(make_hub: Any) -> Fuzzed:
     return Fuzzed(hub, r.json()["token"], snapshot)
 
 
+@dataclass
+class Outcome:
+    server_errors: list[str] = field(default_factory=list)  # 5xx answers, as curl commands
+    undocumented: list[str] = field(default_factory=list)  # answers the description lacks
+    statuses: Counter[int] = field(default_factory=Counter)
+
+
 def fuzz(
     hub: Hub,
     token: str,
     mode: GenerationMode,
     path_parameters: dict[str, str] | None = None,
     fix_token: bool = False,
-) -> tuple[list[str], Counter[int]]:
+) -> Outcome:
     """Every operation, EXAMPLES_PER_OPERATION generated requests each (path parameters named in
     `path_parameters` fixed; the token too with `fix_token`, else negative mode also sends no or
-    broken Authorization headers): the 5xx answers as curl commands, and every status seen."""
+    broken Authorization headers)."""
     schema = schemathesis.openapi.from_path(DESCRIPTION)
     headers = {"Authorization": f"token {token}"}
     base_url = f"{hub.url}/hub/api"
-    failures: list[str] = []
-    statuses: Counter[int] = Counter()
+    outcome = Outcome()
     for result in schema.get_all_operations():
         operation = result.ok()
         names = {p.name for p in operation.path_parameters}
@@ -96,12 +110,15 @@ def fuzz(
         )
         def send(case: schemathesis.Case) -> None:
             response = case.call(base_url=base_url, headers=headers, timeout=30)
-            statuses[response.status_code] += 1
+            outcome.statuses[response.status_code] += 1
+            request = f"{response.status_code} from {case.as_curl_command(headers)}"
             if response.status_code >= 500:
-                failures.append(
-                    f"{response.status_code} from {case.as_curl_command(headers)}\n"
-                    f"  {response.text[:300]}"
-                )
+                outcome.server_errors.append(f"{request}\n  {response.text[:300]}")
+                return
+            try:
+                case.validate_response(response, checks=CONFORMANCE, headers=headers)
+            except (FailureGroup, AssertionError) as e:
+                outcome.undocumented.append(f"{request}\n  {str(e)[:600]}")
 
         try:
             send()
@@ -109,18 +126,22 @@ def fuzz(
             # negative mode with the token and path fixed: an operation with no other input
             # (GET capacity, POST snapshots) has nothing left to make invalid
             assert mode is GenerationMode.NEGATIVE and fix_token, operation.label
-    return failures, statuses
+    return outcome
 
 
-def report(failures: list[str], hub: Hub) -> str:
-    return "5xx answers:\n" + "\n".join(failures) + f"\nhub log:\n{hub.log()[-4000:]}"
+def check(outcome: Outcome, hub: Hub) -> None:
+    errors = "\n".join(outcome.server_errors)
+    assert not outcome.server_errors, f"5xx answers:\n{errors}\nhub log:\n{hub.log()[-4000:]}"
+    assert not outcome.undocumented, "not as docs/rest-api.yaml says:\n" + "\n".join(
+        outcome.undocumented
+    )
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_no_generated_request_gets_a_server_error(fuzzed: Fuzzed, mode: GenerationMode) -> None:
-    failures, statuses = fuzz(fuzzed.hub, fuzzed.token, mode)
-    assert not failures, report(failures, fuzzed.hub)
-    assert sum(statuses.values()) >= EXAMPLES_PER_OPERATION, statuses  # requests were answered
+    outcome = fuzz(fuzzed.hub, fuzzed.token, mode)
+    check(outcome, fuzzed.hub)
+    assert sum(outcome.statuses.values()) >= EXAMPLES_PER_OPERATION, outcome.statuses
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
@@ -129,10 +150,10 @@ def test_requests_on_the_users_own_servers_and_snapshot_get_no_server_error(
 ) -> None:
     # past the ownership checks: her name, her named server, a snapshot that exists
     fixed = {"user": USER, "server": NAMED, "snapshot": fuzzed.snapshot}
-    failures, statuses = fuzz(fuzzed.hub, fuzzed.token, mode, fixed, fix_token=True)
-    assert not failures, report(failures, fuzzed.hub)
+    outcome = fuzz(fuzzed.hub, fuzzed.token, mode, fixed, fix_token=True)
+    check(outcome, fuzzed.hub)
     # the requests reached the handlers' own checks, not only the 403 of someone else's name
-    assert set(statuses) - {403}, statuses
+    assert set(outcome.statuses) - {403}, outcome.statuses
 
 
 def test_the_description_names_every_gpulab_rest_route() -> None:
