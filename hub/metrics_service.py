@@ -384,11 +384,11 @@ class PushHandler(JSONErrors):
         hub_auth: HubOAuth = self.settings["hub_auth"]
         target = Target(user, server or "")
         match = hub_auth.auth_header_pat.match(self.request.headers.get("Authorization", ""))
-        if not match:
-            raise web.HTTPError(
-                401, "a push needs its server's hub token (Authorization: token <token>)"
-            )
         try:
+            if not match:
+                raise PushRefused(
+                    401, "a push needs its server's hub token (Authorization: token <token>)"
+                )
             try:
                 identity = await hub_auth.user_for_token(match.group(1), sync=False)
             except web.HTTPError as e:  # HubAuth's own 5xx: the hub is down or refused us

@@ -305,6 +305,7 @@ async def test_pushes_without_a_valid_user_token_are_refused(world: World) -> No
     r = await world.push("svc", "ada", "", body)
     assert r.status_code == 403 and "only servers push" in r.json()["message"]
     assert world.service.aggregate.servers["ada/"].pushes == 0
+    assert world.service.aggregate.push_refusals_total == 3
 
 
 async def test_bad_push_bodies_are_refused_with_the_reason(world: World) -> None:
