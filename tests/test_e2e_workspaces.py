@@ -9,6 +9,7 @@ import html
 import os
 import re
 import signal
+import sqlite3
 import time
 
 import pytest
@@ -197,3 +198,57 @@ async def test_a_server_that_died_gets_its_kernel_variables_back_without_asking(
     hub.start_server("alice")  # a normal stop: the next start offers, it does not restore alone
     assert "GPULAB_AUTO_RESTORE" not in hub.server_env("alice")
     hub.stop_server("alice")
+
+
+def _add_legacy_named_server(hub, user: str, name: str) -> None:
+    """A named server record as a hub before the name was reserved could have made it (the hub
+    is stopped meanwhile; its database is plain SQLite)."""
+    hub.stop_hub()
+    with sqlite3.connect(hub.state_dir / "jupyterhub.sqlite") as db:
+        db.execute(
+            "INSERT INTO spawners (user_id, name, state, user_options) "
+            "VALUES ((SELECT id FROM users WHERE name = ?), ?, '{}', '{}')",
+            (user, name),
+        )
+    hub.start()
+
+
+def test_restore_and_clone_refuse_while_any_server_using_that_home_runs(make_hub):
+    hub = make_hub()
+    hub.create_user("alice")
+    hub.start_server("alice")
+    (hub.home("alice") / "notes.txt").write_text("snapshotted\n")
+    hub.stop_server("alice")
+    # a named server 'default' left from before: it shares the default server's home
+    _add_legacy_named_server(hub, "alice", "default")
+    hub.start_server("alice")
+    (hub.home("alice") / "notes.txt").write_text("work in progress\n")
+    legacy = "/gpulab/users/alice/servers/default/snapshots"
+    (snap,) = [s for s in hub.api("GET", legacy).json()["snapshots"] if s["label"] == "on-stop"]
+    before = [s["id"] for s in hub.api("GET", legacy).json()["snapshots"]]
+
+    message = (
+        "Cannot {} home 'default' of alice while the default server uses it: stop that server first"
+    )
+    r = hub.api("POST", f"{legacy}/{snap['id']}/restore")
+    assert r.status_code == 409 and r.json()["message"] == message.format("restore")
+    r = hub.api("POST", f"{legacy}/{snap['id']}/clone", json={"name": "copy"})
+    assert r.status_code == 409 and r.json()["message"] == message.format("clone")
+    r = hub.api("POST", f"/gpulab/users/alice/snapshots/{snap['id']}/restore")
+    assert r.status_code == 409 and r.json()["message"] == message.format("restore")
+    # nothing changed: the running server's home, the snapshots, the servers
+    assert (hub.home("alice") / "notes.txt").read_text() == "work in progress\n"
+    assert [s["id"] for s in hub.api("GET", legacy).json()["snapshots"]] == before
+    model = hub.api("GET", "/users/alice", params={"include_stopped_servers": "1"}).json()
+    assert set(model["servers"]) == {"", "default"}
+    assert not hub.home("alice", "copy").exists()
+
+    admin = hub.login("admin", hub.admin_password())
+    page = admin.get("/hub/gpulab/workspaces", params={"user": "alice"}).text
+    section = page[page.index('data-server="default"') :]
+    assert 'disabled title="Stop the default server first: it uses this home"' in section
+
+    hub.stop_server("alice")
+    r = hub.api("POST", f"{legacy}/{snap['id']}/restore")
+    assert r.status_code == 200, r.text
+    assert (hub.home("alice") / "notes.txt").read_text() == "snapshotted\n"
