@@ -158,14 +158,16 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         """Refuse a start that the account settings do not allow (backends override)."""
 
     def make_preexec_fn(self, name: str) -> Any:
-        account = self._server_account
-        if account is None:  # the hub's own account: only move into the user's directory
+        if self.server_runs_as_hub():  # the hub's own account: only move into the user's directory
             start_dir = str(self._user_dirs()[0])
 
             def preexec() -> None:
                 os.chdir(start_dir)
 
             return preexec
+        account = self._server_account
+        if account is None:  # never fall back to the hub's account (root) for user code
+            raise RuntimeError(f"no system account resolved for {self.user.name} before its start")
         return set_user_setuid(account.name)  # uid, gid, groups; starts in the account's home
 
     def user_env(self, env: dict[str, str]) -> dict[str, str]:
@@ -475,7 +477,7 @@ class GPUSimpleLocalSpawner(GPULocalSpawnerMixin, LocalProcessSpawner):
 
     def get_args(self) -> list[str]:
         args = list(super().get_args())
-        if os.geteuid() == 0 and self._server_account is None and "--allow-root" not in args:
+        if os.geteuid() == 0 and self.server_runs_as_hub() and "--allow-root" not in args:
             # allow_root_servers: the admin chose a single-person install where servers run as
             # root, which Jupyter Server refuses without this flag
             args.append("--allow-root")

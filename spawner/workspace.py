@@ -196,19 +196,22 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
             os.chmod(path, 0o700, follow_symlinks=False)
 
     async def prepare_workspace(self, home: Path) -> None:
-        """Before a start: the user's directories and key file. The home itself is prepared by
-        the server's command, as the server's account."""
+        """Before a start: the server's account (made on the user's first start), her
+        directories and, with checkpoints on, her key file. The home itself is prepared by the
+        server's command, as the server's account."""
         if self.workspace_name is None:
             self.workspace_name = self.name
-        if not self.checkpoints:
-            return
-        # the kernels' stop takes their final save: give the server that long to stop
-        self.interrupt_timeout = max(self.interrupt_timeout, 2 * self.checkpoint_grace_seconds + 5)
         account = await self.workspace_account(create=True)
+        if self.checkpoints:
+            # the kernels' stop takes their final save: give the server that long to stop
+            self.interrupt_timeout = max(
+                self.interrupt_timeout, 2 * self.checkpoint_grace_seconds + 5
+            )
 
         def prepare() -> None:
             self._prepare_user_dirs(account)
-            self._write_key_file(account)
+            if self.checkpoints:
+                self._write_key_file(account)
 
         await asyncio.to_thread(prepare)
 

@@ -152,6 +152,16 @@ async def test_the_checkpoint_key_is_a_file_of_the_users_account_not_an_environm
     assert out.strip() == "False"
 
 
+def test_with_workspaces_off_servers_still_run_as_the_users_account(make_hub):
+    hub = make_hub("c.GPUSimpleLocalSpawner.checkpoints = False\n")
+    hub.create_user("alice")
+    hub.start_server("alice")
+    alice = hub.account("alice")
+    assert _uid_of(hub.server_pid("alice")) == alice.pw_uid
+    assert hub.home("alice").stat().st_uid == alice.pw_uid
+    assert "GPULAB_CHECKPOINT_KEY_FILE" not in hub.server_env("alice")
+
+
 def test_the_state_directory_is_passable_only_and_the_hubs_files_private(make_hub):
     hub = make_hub()
     state = hub.state_dir
