@@ -20,13 +20,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from jinja2 import ChoiceLoader, FileSystemLoader
 from jupyterhub.handlers.login import LoginHandler as HubLoginHandler
 from jupyterhub.scopes import needs_scope
 from nativeauthenticator import NativeAuthenticator
+from nativeauthenticator.handlers import TEMPLATE_DIR as NATIVE_TEMPLATES
 from nativeauthenticator.handlers import LocalBase
 from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
 from nativeauthenticator.orm import UserInfo
 from tornado import web
+from tornado.escape import url_escape
+from tornado.httputil import url_concat
 from traitlets import TraitError, Unicode, default
 
 from gpulab.hub.capacity import GPUCapacity
@@ -43,12 +47,53 @@ class GPULabLoginHandler(NativeLoginHandler):
     """NativeAuthenticator's login page with JupyterHub 6's login flow: its own POST handler uses
     the removed `statsd` attribute, and JupyterHub now passes extra template arguments."""
 
-    async def _render(
-        self, login_error: str | None = None, username: str | None = None, **_: Any
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # NativeAuthenticator adds its templates to the async environment only; the error path
+        # below renders with the sync one
+        env = self.settings["jinja2_env_sync"]
+        if not getattr(env, "gpulab_native_templates", False):
+            env.loader = ChoiceLoader([env.loader, FileSystemLoader([NATIVE_TEMPLATES])])
+            env.gpulab_native_templates = True
+
+    def _render(
+        self,
+        login_error: str | None = None,
+        username: str | None = None,
+        sync: bool = False,
+        **_: Any,
     ) -> Any:
+        if sync:
+            # JupyterHub's error path (an expired or missing XSRF token) renders the login page
+            # from write_error, which cannot await: the page is rendered there and then
+            return self.render_template(
+                "native-login.html", sync=True, **self._login_namespace(login_error, username)
+            )
+        return self._render_async(login_error, username)
+
+    async def _render_async(self, login_error: str | None, username: str | None) -> Any:
         if login_error and self.request.method == "POST":
             login_error = await self._why_refused() or login_error
-        return await NativeLoginHandler._render(self, login_error=login_error, username=username)
+        return await self.render_template(
+            "native-login.html", **self._login_namespace(login_error, username)
+        )
+
+    def _login_namespace(self, login_error: str | None, username: str | None) -> dict[str, Any]:
+        """What NativeAuthenticator's login template expects (as its own _render passes it)."""
+        authenticator = self.authenticator
+        return {
+            "next": url_escape(self.get_argument("next", default="")),
+            "username": username,
+            "login_error": login_error,
+            "custom_html": authenticator.custom_html,
+            "login_url": self.settings["login_url"],
+            "enable_signup": authenticator.enable_signup,
+            "two_factor_auth": authenticator.allow_2fa,
+            "authenticator_login_url": url_concat(
+                authenticator.login_url(self.hub.base_url),
+                {"next": self.get_argument("next", "")},
+            ),
+        }
 
     async def _why_refused(self) -> str | None:
         """A refused login with the right password: waiting for approval, or locked out."""

@@ -204,3 +204,17 @@ def test_session_and_xsrf_cookies_are_samesite_lax(make_hub):
     names = {h.split("=", 1)[0] for h in cookies}
     assert {"jupyterhub-hub-login", "jupyterhub-session-id"} <= names, cookies
     assert all("SameSite=Lax" in h for h in cookies), cookies
+
+
+def test_a_login_form_without_its_xsrf_token_gets_the_login_page_back(make_hub):
+    hub = make_hub()
+    before = hub.log_path.stat().st_size
+    session = httpx.Client(base_url=hub.url, timeout=30)
+    session.get("/hub/login")
+    r = session.post("/hub/login", data={"username": "admin", "password": hub.admin_password()})
+    assert r.status_code == 403
+    assert "Login form invalid or expired. Try again." in r.text
+    assert 'name="password"' in r.text  # the login form again, not an error page
+    assert "jupyterhub-hub-login" not in r.headers.get("set-cookie", "")
+    log = hub.log_path.read_bytes()[before:].decode(errors="replace")
+    assert "Traceback" not in log and "Uncaught exception" not in log
