@@ -28,6 +28,7 @@ from traitlets import Bool, Callable, Dict, Float, Integer, List, Unicode, Union
 
 from gpulab.hub.allocator import NoCapacity, Placement, QuotaExceeded
 from gpulab.hub.inventory import KNOWN_MODELS
+from gpulab.hub.metrics_names import PUSH_URL_ENV
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
 from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
@@ -246,12 +247,21 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
             pod_selector=pod_selector,
             server_port=int(self.port or 8888),
             hub_selector=self.network_policy_hub_labels,
-            hub_api_port=urlparse(self.hub.api_url).port or 8081,
+            hub_ports=self._hub_ports(),
             hub_cidrs=self.network_policy_hub_cidrs,
             allow_internet=self.network_policy_allow_internet,
             cloud_metadata_ip=self.cloud_metadata_ip,
             labels={"app.kubernetes.io/managed-by": "gpulab", "component": "gpulab-network-policy"},
         )
+
+    def _hub_ports(self) -> list[int]:
+        """The hub API's port, and the metrics service's where servers push their figures."""
+        ports = [urlparse(self.hub.api_url).port or 8081]
+        push = self.environment.get(PUSH_URL_ENV) if isinstance(self.environment, dict) else None
+        if isinstance(push, str) and push:
+            parsed = urlparse(push)
+            ports.append(parsed.port or (443 if parsed.scheme == "https" else 80))
+        return ports
 
     async def ensure_network_policy(self) -> None:
         """The servers' NetworkPolicy exists in this namespace as configured (once per hub

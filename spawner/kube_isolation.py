@@ -26,7 +26,9 @@ from typing import Any
 NETWORK_ACCESS_LABEL = "hub.jupyter.org/network-access-singleuser"
 #: the link-local address where clouds serve instance credentials to anything that asks
 CLOUD_METADATA_IP = "169.254.169.254"
-PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+#: never "the internet": private networks (the cluster's pods and nodes) and loopback (the node's
+#: own processes; on the dev cluster, where pods share the host network, the other pods too)
+PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8")
 SECCOMP_TYPES = ("RuntimeDefault", "Unconfined", "Localhost")
 #: where the checkpoint key Secret is mounted in the server container, and its file there
 CHECKPOINT_KEY_DIR = "/etc/gpulab/checkpoint-key"
@@ -76,7 +78,7 @@ def singleuser_network_policy(
     pod_selector: Mapping[str, str],
     server_port: int,
     hub_selector: Mapping[str, str],
-    hub_api_port: int,
+    hub_ports: Iterable[int],
     hub_cidrs: Iterable[str] = (),
     allow_internet: bool = True,
     cloud_metadata_ip: str = CLOUD_METADATA_IP,
@@ -84,8 +86,9 @@ def singleuser_network_policy(
 ) -> dict[str, Any]:
     """The NetworkPolicy of all user servers (networking.k8s.io/v1), as a Helm chart renders it.
 
-    `pod_selector`: the labels every server pod carries; `hub_selector`: the hub pod's labels
-    (egress to its API); `hub_cidrs`: where a hub and proxy outside the cluster connect from and
+    `pod_selector`: the labels every server pod carries; `hub_selector`: the hub pod's labels,
+    `hub_ports` the ports servers call there (the hub API, the gpulab-metrics service they push
+    their GPU figures to); `hub_cidrs`: where a hub and proxy outside the cluster connect from and
     listen (both directions); `allow_internet`: egress to non-private addresses, always except the
     cloud metadata address (its credentials are the node's, never a user's)."""
     cidrs = list(hub_cidrs)
@@ -94,10 +97,10 @@ def singleuser_network_policy(
         *_ip_blocks(cidrs),
     ]
     egress: list[dict[str, Any]] = [
-        # server -> hub API (the server's OAuth and activity reports; the kernels' checkpoints
-        # do not need it)
+        # server -> hub API (OAuth, activity) and the metrics service (pushes); nothing else of
+        # the hub's pod or machine
         {
-            "ports": [{"port": hub_api_port, "protocol": "TCP"}],
+            "ports": [{"port": port, "protocol": "TCP"} for port in sorted(set(hub_ports))],
             "to": [{"podSelector": {"matchLabels": dict(hub_selector)}}, *_ip_blocks(cidrs)],
         },
         # server -> the cluster's DNS

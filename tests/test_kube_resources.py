@@ -270,7 +270,7 @@ def test_the_servers_network_policy_admits_hub_and_proxy_and_blocks_the_metadata
         pod_selector={"component": "singleuser-server", "app": "jupyterhub"},
         server_port=8888,
         hub_selector={"app": "jupyterhub", "component": "hub"},
-        hub_api_port=8081,
+        hub_ports=[8081, 9100, 8081],
         hub_cidrs=["10.0.0.5/32"],
         labels={"app.kubernetes.io/managed-by": "gpulab"},
     )
@@ -299,7 +299,7 @@ def test_the_servers_network_policy_admits_hub_and_proxy_and_blocks_the_metadata
             ],
             "egress": [
                 {
-                    "ports": [{"port": 8081, "protocol": "TCP"}],
+                    "ports": [{"port": 8081, "protocol": "TCP"}, {"port": 9100, "protocol": "TCP"}],
                     "to": [
                         {"podSelector": {"matchLabels": {"app": "jupyterhub", "component": "hub"}}},
                         {"ipBlock": {"cidr": "10.0.0.5/32"}},
@@ -315,6 +315,7 @@ def test_the_servers_network_policy_admits_hub_and_proxy_and_blocks_the_metadata
                                     "10.0.0.0/8",
                                     "172.16.0.0/12",
                                     "192.168.0.0/16",
+                                    "127.0.0.0/8",
                                     "169.254.169.254/32",
                                 ],
                             }
@@ -332,7 +333,7 @@ def test_without_internet_egress_the_policy_allows_only_the_hub_and_dns():
         pod_selector={"component": "singleuser-server"},
         server_port=8888,
         hub_selector={"component": "hub"},
-        hub_api_port=8081,
+        hub_ports=[8081],
         allow_internet=False,
     )
     assert [rule.get("to") for rule in policy["spec"]["egress"]] == [

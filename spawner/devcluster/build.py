@@ -62,7 +62,8 @@ def _log(msg: str) -> None:
     print(f"gpulab dev-cluster: {msg}", file=sys.stderr, flush=True)
 
 
-RUNTIME_PACKAGES = ("etcd-server", "openssl")
+#: nftables: the node agent enforces NetworkPolicies with it
+RUNTIME_PACKAGES = ("etcd-server", "openssl", "nftables")
 
 
 def missing_system_packages(wanted: tuple[str, ...] = APT_PACKAGES) -> list[str]:
@@ -73,6 +74,7 @@ def missing_system_packages(wanted: tuple[str, ...] = APT_PACKAGES) -> list[str]
         "rsync": shutil.which("rsync"),
         "golang-github-modern-go-reflect2-dev": REFLECT2_SRC.is_dir(),
         "openssl": shutil.which("openssl"),
+        "nftables": shutil.which("nft") or Path("/usr/sbin/nft").exists(),
     }
     return [pkg for pkg, ok in checks.items() if not ok and pkg in wanted]
 

@@ -24,8 +24,9 @@ from urllib.parse import urlparse
 from kubernetes_asyncio import client
 
 from ..spec import NodeSpec
+from . import netpolicy
 from .devices import Devices
-from .kube import Events, api_client, log
+from .kube import Events, api_client, log, watch_forever
 from .nodes import NodeHeartbeat
 from .pods import IPPool, NodeContext, PodManager
 from .runtime import HostPaths
@@ -60,6 +61,7 @@ class SimulatedNode:
             capacity=nodespec.capacity(spec),
             base_env=agent.base_env,
             devices=Devices(spec),
+            netpol=agent.netpol,
         )
         self.pods = PodManager(self.ctx)
         self.tasks: list[asyncio.Task[Any]] = []
@@ -98,6 +100,9 @@ class Agent:
         self.nodes: dict[str, SimulatedNode] = {}
         self.base_env: dict[str, str] = {}
         self.api: client.ApiClient
+        self.netpol: netpolicy.Enforcer | None = None
+        #: why NetworkPolicies are not enforced (None: they are)
+        self.netpol_off: str | None = None
 
     def _base_env(self) -> dict[str, str]:
         url = urlparse(self.api.configuration.host)
@@ -124,6 +129,7 @@ class Agent:
             d = self.state_dir / private
             d.mkdir(exist_ok=True)
             d.chmod(0o700)
+        policies = await self._start_network_policies()
         for i, spec in enumerate(self.specs):
             self.nodes[spec.name] = SimulatedNode(self, spec, i)
         volumes, snapshot_store = self.state_dir / "volumes", self.state_dir / "snapshots"
@@ -150,7 +156,36 @@ class Agent:
         await asyncio.gather(*(n.stop() for n in self.nodes.values()), return_exceptions=True)
         with contextlib.suppress(BaseException):
             await provisioner
+        if policies is not None:
+            policies.cancel()
+            with contextlib.suppress(BaseException):
+                await policies
+        if self.netpol is not None:
+            await self.netpol.remove()
         await self.api.close()
+
+    async def _start_network_policies(self) -> asyncio.Future[Any] | None:
+        """One nft table for all the agent's pods, kept current from NetworkPolicies and
+        Namespaces (their labels); without nft or cgroup v2, policies are stored by the API
+        server and not enforced, which the log says once."""
+        self.netpol_off = netpolicy.unavailable_reason()
+        if self.netpol_off:
+            log.warning("NetworkPolicies are NOT enforced on this machine: %s", self.netpol_off)
+            return None
+        root = netpolicy.cgroup2_root() or ""
+        self.netpol = netpolicy.Enforcer(
+            f"gpulab_dc_{self.octet}", f"{root}/gpulab-dc-{self.octet}".lstrip("/")
+        )
+        await self.netpol.apply()  # an empty table: refuses early when nft cannot load one
+        networking, core = client.NetworkingV1Api(self.api), client.CoreV1Api(self.api)
+        return asyncio.gather(
+            watch_forever(
+                "networkpolicies",
+                networking.list_network_policy_for_all_namespaces,
+                self.netpol.set_policy,
+            ),
+            watch_forever("namespaces", core.list_namespace, self.netpol.set_namespace),
+        )
 
     # -- control API (tiny HTTP/1.0 server: no extra dependency) --------------------------------
 
@@ -183,6 +218,8 @@ class Agent:
             }
         if method == "GET" and parts == ["healthz"]:
             return 200, "ok"
+        if method == "GET" and parts == ["network-policies"]:
+            return 200, {"enforced": self.netpol is not None, "why_not": self.netpol_off}
         if (
             method == "POST"
             and len(parts) == 3

@@ -196,6 +196,11 @@ def _init(spec, err_w) -> None:
     with contextlib.suppress(OSError):  # a /proc of the host namespace still works for most
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     try:
+        if spec.get("cgroupProcs"):
+            # the pod's cgroup: its NetworkPolicies find its sockets by it (before the fork, so
+            # every process of the pod is in it)
+            with open(spec["cgroupProcs"], "w") as f:
+                f.write("0")  # 0: the writing process
         # as a runtime creates a missing cwd (as root) before the process starts
         os.makedirs(spec.get("workingDir") or "/", exist_ok=True)
         _become(spec.get("identity"))

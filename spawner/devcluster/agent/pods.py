@@ -28,6 +28,7 @@ from kubernetes_asyncio import client
 from . import podenv, podsecurity, podvolumes
 from .devices import Devices
 from .kube import MERGE, Events, log, now, raw, status_of, watch_forever
+from .netpolicy import Enforcer
 from .runtime import ContainerProcess, HostPaths, StartError
 
 TERMINAL = ("Succeeded", "Failed")
@@ -69,6 +70,8 @@ class NodeContext:
     capacity: dict[str, str]
     base_env: dict[str, str]
     devices: Devices
+    #: NetworkPolicy enforcement (None: this machine cannot; the agent said why at start)
+    netpol: Enforcer | None = None
 
 
 @dataclass
@@ -146,6 +149,7 @@ class PodWorker:
         self.tasks: list[asyncio.Task[Any]] = []
         self.mount_message: str | None = None
         self.deleted = False  # gone from the API
+        self.cgroup_procs: Path | None = None  # the pod's cgroup (NetworkPolicy enforcement)
         self.task: asyncio.Task[Any] | None = None
 
     # -- inputs -----------------------------------------------------------------------------
@@ -153,6 +157,9 @@ class PodWorker:
     def update(self, pod: dict[str, Any]) -> None:
         self.pod = pod
         self.changed.set()
+        if self.node.netpol is not None and self.cgroup_procs is not None:
+            task = asyncio.create_task(self.node.netpol.relabel(pod))  # policies select by label
+            self.tasks.append(task)
 
     def gone(self) -> None:
         self.deleted = True
@@ -208,6 +215,9 @@ class PodWorker:
         await self._patch()
         volumes = await self._prepare_volumes()
         if volumes is None:
+            await self._terminate()
+            return
+        if not await self._join_network():
             await self._terminate()
             return
         for cs in self.init:
@@ -309,6 +319,10 @@ class PodWorker:
                 await cs.proc.kill_and_wait()
         self.node.host_paths.release(self.held)
         self.held = []
+        if self.node.netpol is not None and self.cgroup_procs is not None:
+            with contextlib.suppress(RuntimeError):
+                await self.node.netpol.leave(self.uid)
+            self.cgroup_procs = None
         self.node.ips.release(self.ip)
         self.node.devices.release(self.uid)
         if self.deleted:
@@ -323,6 +337,30 @@ class PodWorker:
         d = self.dir / "jupyter-config"
         d.mkdir(exist_ok=True)
         (d / "jupyter_server_config.json").write_text('{"ServerApp": {"allow_root": true}}\n')
+
+    async def _join_network(self) -> bool:
+        """The pod's cgroup and the NetworkPolicy table that covers it, before any of its
+        processes start (a pod is never up unprotected); retried while nft refuses."""
+        if self.node.netpol is None:
+            return True
+        reported = False
+        while not self.deleting:
+            try:
+                self.cgroup_procs = await self.node.netpol.join(self.pod, self.ip or "")
+                return True
+            except (RuntimeError, OSError) as e:
+                log.error("pod %s: %s", self.key, e)
+                if not reported:
+                    reported = True
+                    await self.node.events.emit(
+                        self.pod,
+                        "FailedNetworkPolicy",
+                        f"NetworkPolicies could not be applied: {str(e)[:500]}",
+                        type_="Warning",
+                        host=self.node.name,
+                    )
+            await self._wait_change(2.0)
+        return False
 
     async def _prepare_volumes(self) -> dict[str, tuple[Path, bool]] | None:
         while not self.deleting:
@@ -419,6 +457,7 @@ class PodWorker:
             "workingDir": wd,
             "mounts": mounts,
             "identity": ident.as_spec(),
+            "cgroupProcs": str(self.cgroup_procs) if self.cgroup_procs else None,
         }
 
     async def _load_env_objects(self) -> None:
