@@ -6,6 +6,7 @@ import pytest
 
 from gpulab.spawner.devcluster import NodeSpec
 from gpulab.spawner.devcluster.agent.devices import Devices
+from gpulab.spawner.devcluster.agent.netpolicy import PodNet, compile_ruleset, pod_to_pod
 from gpulab.spawner.devcluster.agent.podenv import (
     EnvError,
     container_argv,
@@ -13,6 +14,7 @@ from gpulab.spawner.devcluster.agent.podenv import (
     expand,
     field_value,
 )
+from gpulab.spawner.devcluster.agent.podsecurity import SecurityConfigError, identity
 from gpulab.spawner.devcluster.spec import capacity, labels, taints
 
 
@@ -119,3 +121,103 @@ def test_hami_limits_appear_as_hami_environment() -> None:
         "CUDA_DEVICE_MEMORY_LIMIT_0": "10000m",
         "CUDA_DEVICE_SM_LIMIT": "30",
     }
+
+
+# -- security context and NetworkPolicy rules (pure) ----------------------------------------------
+
+
+def _pod(spec_sc: dict | None = None, **container_sc: object) -> tuple[dict, dict]:
+    container = {"name": "main", "securityContext": dict(container_sc)}
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1"},
+        "spec": {"securityContext": spec_sc or {}, "containers": [container]},
+    }
+    return pod, container
+
+
+def test_the_containers_security_context_overrides_the_pods() -> None:
+    pod, c = _pod(
+        {"runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100, "supplementalGroups": [5, 100]},
+        runAsUser=1234,
+        allowPrivilegeEscalation=False,
+        capabilities={"drop": ["NET_RAW", "cap_sys_admin"]},
+    )
+    ident = identity(pod, c, image_uid=0)
+    assert (ident.uid, ident.gid, ident.groups) == (1234, 100, (100, 5))
+    assert ident.no_new_privs is True
+    assert ident.drop_capabilities == (13, 21)
+
+
+def test_privileged_keeps_capabilities_and_may_escalate() -> None:
+    pod, c = _pod(
+        {"runAsUser": 1000},
+        privileged=True,
+        allowPrivilegeEscalation=False,
+        capabilities={"drop": ["ALL"]},
+    )
+    ident = identity(pod, c, image_uid=0)
+    assert (ident.no_new_privs, ident.drop_capabilities) == (False, ())
+
+
+def test_run_as_non_root_passes_for_a_non_root_image_user_and_unknown_capabilities_fail() -> None:
+    pod, c = _pod({"runAsNonRoot": True})
+    assert identity(pod, c, image_uid=1000).uid == 1000  # an image whose USER is not root
+    pod, c = _pod(capabilities={"drop": ["FLY"]})
+    with pytest.raises(SecurityConfigError, match="unknown capability 'FLY'"):
+        identity(pod, c, image_uid=0)
+
+
+WEB = PodNet("w", "ns", {"app": "web"}, "127.1.1.2", "g/w", 1, {"http": ("tcp", 8000)})
+CLIENT = PodNet("c", "ns", {"role": "client"}, "127.1.1.3", "g/c", 2)
+OTHER_NS = PodNet("o", "other", {"role": "client"}, "127.1.1.4", "g/o", 3)
+
+
+def _policy(ns: str, selector: dict, **spec: object) -> dict:
+    return {"metadata": {"name": "p", "namespace": ns}, "spec": {"podSelector": selector, **spec}}
+
+
+def test_a_connection_needs_the_senders_egress_and_the_receivers_ingress() -> None:
+    ingress = _policy(
+        "ns",
+        {"matchLabels": {"app": "web"}},
+        ingress=[{"from": [{"podSelector": {}}], "ports": [{"port": "http"}, {"port": 9000}]}],
+    )
+    egress = _policy(
+        "ns",
+        {"matchExpressions": [{"key": "role", "operator": "Exists"}]},
+        policyTypes=["Egress"],
+        egress=[
+            {
+                "to": [{"ipBlock": {"cidr": "127.1.1.0/24", "except": ["127.1.1.4/32"]}}],
+                "ports": [{"port": 8000}, {"port": 8001}],
+            }
+        ],
+    )
+    assert pod_to_pod(CLIENT, WEB, [ingress], {}) == {("tcp", 8000), ("tcp", 9000)}
+    assert pod_to_pod(CLIENT, WEB, [ingress, egress], {}) == {("tcp", 8000)}
+    # a podSelector alone means the policy's namespace: a pod of another namespace is refused
+    assert pod_to_pod(OTHER_NS, WEB, [ingress], {}) == frozenset()
+    by_ns = _policy(
+        "ns",
+        {"matchLabels": {"app": "web"}},
+        ingress=[{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}],
+    )
+    assert pod_to_pod(OTHER_NS, WEB, [by_ns], {"other": {"team": "a"}}) is None  # every port
+    assert pod_to_pod(OTHER_NS, WEB, [by_ns], {"other": {"team": "b"}}) == frozenset()
+    assert pod_to_pod(WEB, CLIENT, [ingress], {}) is None  # CLIENT is selected by nothing
+
+
+def test_the_ruleset_marks_pods_and_refuses_what_no_rule_allows() -> None:
+    policy = _policy(
+        "ns",
+        {"matchLabels": {"app": "web"}},
+        ingress=[{"from": [{"ipBlock": {"cidr": "127.0.0.1/32"}}], "ports": [{"port": "http"}]}],
+    )
+    text = compile_ruleset("t", [WEB, CLIENT], [policy], {})
+    assert 'socket cgroupv2 level 2 "g/w" ct mark set 1' in text
+    assert 'socket cgroupv2 level 2 "g/w" jump to_1' in text
+    to_web = text.split("chain to_1 {")[1].split("}\n", 1)[0]
+    assert "ct mark 0 ip saddr 127.0.0.1/32 meta l4proto tcp th dport { 8000 } accept" in to_web
+    assert "ct mark 2" not in to_web  # CLIENT may not connect: no line lets it
+    assert to_web.rstrip().endswith("reject")
+    assert "ct mark 0 accept" in text.split("chain to_2 {")[1]  # CLIENT is open to all
