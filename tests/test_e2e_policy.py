@@ -138,6 +138,15 @@ def test_gpulab_endpoints_cap_request_bodies_at_64_kib(make_hub):
     )
     model = hub.api("GET", "/users/mallory", params={"include_stopped_servers": "1"}).json()
     assert set(model["servers"]) <= {""}
+    # the spawn form and the workspaces page (form posts) have the same cap
+    admin = hub.login("admin", hub.admin_password())
+    xsrf = admin.cookies.get("_xsrf", path="/hub/")
+    for page in ("/hub/spawn/admin/big", "/hub/gpulab/workspaces"):
+        r = admin.post(page, data={"_xsrf": xsrf, "profile": "cpu", "name": "n" * 70_000})
+        assert r.status_code == 413, (page, r.text[-500:])
+        assert "gpulab accepts at most 65536 bytes" in r.text
+    model = hub.api("GET", "/users/admin", params={"include_stopped_servers": "1"}).json()
+    assert set(model["servers"]) <= {""}
     # a body under the cap is read, and its bad value echoed only shortened
     r = hub.api("POST", url, json={"name": "N" * 5000})
     assert r.status_code in (400, 404), r.text[:500]
