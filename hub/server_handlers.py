@@ -46,11 +46,11 @@ def forget_unstarted_server(handler: Any, user: Any, server_name: str) -> bool:
     return True
 
 
-def _refused_later(handler: Any, user: Any, server_name: str) -> None:
+def _refused_later(user: Any, server_name: str) -> None:
     """A first start that went on in the background (JupyterHub answered 202): remember to drop
     the record if it ends in a refusal, once the person has been told why (the spawn-pending
     page), or before the next named server is counted."""
-    spawner = user.spawners.get(server_name) if server_name in user.spawners else None
+    spawner = user.spawners[server_name] if server_name in user.orm_spawners else None
     future = getattr(spawner, "_spawn_future", None)
     if spawner is None or future is None:
         return
@@ -103,7 +103,7 @@ class GPULabUserServerAPIHandler(_ServerChecks, UserServerAPIHandler):
                 forget_unstarted_server(self, user, server_name)
             raise
         if not existed:
-            _refused_later(self, user, server_name)
+            _refused_later(user, server_name)
 
     async def patch(self, user_name: str, server_name: str = "") -> None:
         body = self.get_json_body() if not server_name else None
@@ -142,7 +142,7 @@ class GPULabSpawnHandler(_ServerChecks, SpawnHandler):
             if 400 <= self.get_status() < 500:  # the form came back with the reason
                 forget_unstarted_server(self, user, server_name)
             else:
-                _refused_later(self, user, server_name)
+                _refused_later(user, server_name)
         return result
 
     async def _post(self, user_name: str, server_name: str, display_name: str) -> Any:
