@@ -46,26 +46,50 @@ def forget_unstarted_server(handler: Any, user: Any, server_name: str) -> bool:
     return True
 
 
-def _refused_later(user: Any, server_name: str) -> None:
-    """A first start that went on in the background (JupyterHub answered 202): remember to drop
-    the record if it ends in a refusal, once the person has been told why (the spawn-pending
-    page), or before the next named server is counted."""
-    spawner = user.spawners[server_name] if server_name in user.orm_spawners else None
-    future = getattr(spawner, "_spawn_future", None)
-    if spawner is None or future is None:
+#: set on a Spawner whose record a gpulab handler created and that has not started since (in
+#: memory: after a hub restart such a record is kept, as JupyterHub keeps it)
+NEVER_STARTED = "gpulab_never_started"
+#: set when such a server's start was refused after JupyterHub had answered (202, or the
+#: pending page): its record goes once the person has been told why
+REFUSED_FIRST_START = "gpulab_refused_first_start"
+
+
+def is_first_start(user: Any, server_name: str) -> bool:
+    """Whether a start of `user`'s named server would be its first: no record yet, or a record a
+    gpulab handler made (a visit to its spawn form) that has never started."""
+    if user is None or not server_name:
+        return False
+    if server_name not in user.orm_spawners:
+        return True
+    return bool(getattr(user.spawners[server_name], NEVER_STARTED, False))
+
+
+def _follow_first_start(user: Any, server_name: str) -> None:
+    """A first start under way (or a form shown for one): remember that the record is new, and
+    mark it refused if its start, going on in the background, ends in a 4xx."""
+    if server_name not in user.orm_spawners:
+        return
+    spawner = user.spawners[server_name]
+    setattr(spawner, NEVER_STARTED, True)
+    future = spawner._spawn_future
+    if future is None:  # only the form was shown
         return
 
-    def mark(done: asyncio.Future[Any]) -> None:
-        if not done.cancelled() and is_expected_refusal(done.exception()):
-            spawner.gpulab_refused_first_start = True
+    def ended(done: asyncio.Future[Any]) -> None:
+        if done.cancelled():
+            return
+        if is_expected_refusal(done.exception()):
+            setattr(spawner, REFUSED_FIRST_START, True)
+        elif done.exception() is None:
+            setattr(spawner, NEVER_STARTED, False)
 
-    future.add_done_callback(mark)
+    future.add_done_callback(ended)  # also when it has ended already (then it runs next)
 
 
 def _forget_refused_servers(handler: Any, user: Any) -> None:
     for name in [n for n in user.orm_spawners if n]:
         spawner = user.spawners[name]
-        if getattr(spawner, "gpulab_refused_first_start", False) and not spawner.active:
+        if getattr(spawner, REFUSED_FIRST_START, False) and not spawner.active:
             forget_unstarted_server(handler, user, name)
 
 
@@ -95,15 +119,15 @@ class GPULabUserServerAPIHandler(_ServerChecks, UserServerAPIHandler):
 
     async def post(self, user_name: str, server_name: str = "") -> None:
         user = self.find_user(user_name)
-        existed = user is None or server_name in user.orm_spawners
+        first = is_first_start(user, server_name)
         try:
             await super().post(user_name, server_name)
         except web.HTTPError as e:
-            if not existed and is_expected_refusal(e):
+            if first and is_expected_refusal(e):
                 forget_unstarted_server(self, user, server_name)
             raise
-        if not existed:
-            _refused_later(user, server_name)
+        if first:
+            _follow_first_start(user, server_name)
 
     async def patch(self, user_name: str, server_name: str = "") -> None:
         body = self.get_json_body() if not server_name else None
@@ -131,19 +155,25 @@ class GPULabSpawnHandler(_ServerChecks, SpawnHandler):
         self, user_name: str, server_name: str, start: Callable[[], Awaitable[Any]]
     ) -> Any:
         user = self.find_user(user_name or self.current_user.name)
-        existed = user is None or not server_name or server_name in user.orm_spawners
+        first = is_first_start(user, server_name)
         try:
             result = await start()
         except web.HTTPError as e:
-            if not existed and is_expected_refusal(e):
+            if first and is_expected_refusal(e):
                 forget_unstarted_server(self, user, server_name)
             raise
-        if not existed and server_name in user.orm_spawners:
+        if first and server_name in user.orm_spawners:
             if 400 <= self.get_status() < 500:  # the form came back with the reason
                 forget_unstarted_server(self, user, server_name)
-            else:
-                _refused_later(user, server_name)
+            else:  # the form for a new server, or its start going on behind the pending page
+                _follow_first_start(user, server_name)
         return result
+
+    async def _get(self, user_name: str, server_name: str, display_name: str) -> Any:
+        start = functools.partial(
+            super()._get, user_name=user_name, server_name=server_name, display_name=display_name
+        )
+        return await self._forgetting_refusals(user_name, server_name, start)
 
     async def _post(self, user_name: str, server_name: str, display_name: str) -> Any:
         start = functools.partial(
@@ -160,7 +190,7 @@ class GPULabSpawnPendingHandler(SpawnPendingHandler):
         await super().get(user_name, server_name)
         user = self.find_user(user_name)
         spawner = user.spawners[server_name] if user and server_name in user.spawners else None
-        if spawner is not None and getattr(spawner, "gpulab_refused_first_start", False):
+        if spawner is not None and getattr(spawner, REFUSED_FIRST_START, False):
             forget_unstarted_server(self, user, server_name)
 
 

@@ -100,14 +100,26 @@ def test_refused_first_starts_leave_no_record_and_do_not_count_against_the_limit
     assert r.status_code == 400 and "already has the maximum of 2 named servers" in r.text
 
 
-def test_a_refused_start_of_an_existing_server_keeps_its_record(make_hub):
-    hub = make_hub()
+def test_a_refused_start_of_a_server_that_ran_keeps_its_record(make_hub):
+    hub = make_hub("c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n")
     hub.create_user("bob")
     hub.start_server("bob", "keep", profile="cpu")
     hub.stop_server("bob", "keep")
     r = hub.spawn("bob", "keep", profile="gpu-17")
     assert r.status_code == 400
     assert "keep" in _servers(hub, "bob")
+
+    # the same through the spawn form: shown, started, stopped, then a refused start
+    admin = hub.login("admin", hub.admin_password())
+    assert admin.get("/hub/spawn/admin/mine").status_code == 200
+    xsrf = admin.cookies.get("_xsrf", path="/hub/")
+    r = admin.post("/hub/spawn/admin/mine", data={"profile": "cpu", "_xsrf": xsrf})
+    assert r.status_code == 200, r.text[-2000:]
+    hub.wait_ready("admin", "mine")
+    hub.stop_server("admin", "mine")
+    r = admin.post("/hub/spawn/admin/mine", data={"profile": "gpu-8", "_xsrf": xsrf})
+    assert r.status_code == 409 and "asks for more than any machine here has" in r.text
+    assert "mine" in _servers(hub, "admin")
 
 
 def test_a_first_start_refused_in_the_background_is_forgotten_once_reported(make_hub):
