@@ -60,6 +60,17 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 print("key", key, "environments-with-key", holding)
 """
 
+# a TCP connection to host:port from the kernel
+CONNECT = """
+import socket
+host, port = {target!r}.rsplit(":", 1)
+try:
+    socket.create_connection((host, int(port)), timeout=5).close()
+    print({target!r}, "open")
+except ConnectionRefusedError:
+    print({target!r}, "refused")
+"""
+
 # another user's key at the node's copy of their Secret volume, and at the mount path
 READ_OTHER_KEY = """
 import os
@@ -349,5 +360,10 @@ async def test_a_user_cannot_read_another_users_checkpoint_key_or_home(ws_hub, c
     assert f"{key_on_node} refused 13" in out
     assert f"{home_file} refused 13" in out
     assert f"{KEY_FILE} read {own_key}" in out  # at the mount path: mal's own key, nobody else's
+    # nor can mal's kernel reach ivy's server: the servers' NetworkPolicy admits only the hub
+    # and proxy (the dev cluster's node agent enforces it)
+    ivy_server = f"{victim['status']['podIP']}:8888"
+    out = await run_in_kernel(hub, "mal", CONNECT.format(target=ivy_server))
+    assert f"{ivy_server} refused" in out
     hub.stop_server("ivy")
     hub.stop_server("mal")
