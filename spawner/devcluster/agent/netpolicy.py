@@ -121,15 +121,15 @@ def _ports(rule: Mapping[str, Any], named: Mapping[str, tuple[str, int]]) -> Por
 
 
 def _union(a: Ports, b: Ports) -> Ports:
-    if a is ALL or b is ALL:
+    if a is None or b is None:
         return ALL
     return a | b
 
 
 def _intersect(a: Ports, b: Ports) -> Ports:
-    if a is ALL:
+    if a is None:
         return b
-    if b is ALL:
+    if b is None:
         return a
     return a & b
 
@@ -176,7 +176,7 @@ def pod_to_pod(
 
 def _port_match(ports: Ports) -> list[str]:
     """nft match fragments for a port set (one per protocol; [""] for every port)."""
-    if ports is ALL:
+    if ports is None:
         return [""]
     by_proto: dict[str, list[int]] = {}
     for proto, port in sorted(ports):
