@@ -13,41 +13,18 @@ from pathlib import Path
 import pytest
 
 from tests.hubtools import run_in_kernel
+from tests.isolation import KERNEL_PROBE
 
 pytestmark = pytest.mark.e2e
 
 if os.geteuid() != 0:  # pragma: no cover - CI and the dev machines run as root
     pytest.skip("per-user accounts need a hub running as root", allow_module_level=True)
 
-# Runs in the attacker's kernel: try each read/kill and report what happened, never raise.
-PROBE = """
-import json, os
-def attempt(fn):
-    try:
-        fn()
-        return "allowed"
-    except PermissionError:
-        return "denied"
-    except FileNotFoundError:
-        return "missing"
-    except OSError as e:
-        return type(e).__name__
-def read(path):
-    return lambda: open(path, "rb").read(1)
-results = {}
-for name, path in TARGETS.items():
-    results[name] = attempt(read(path))
-results["list homes"] = attempt(lambda: os.listdir(HOMES))
-results["list state"] = attempt(lambda: os.listdir(STATE))
-for name, pid in PIDS.items():
-    results["environ " + name] = attempt(read(f"/proc/{pid}/environ"))
-    results["signal " + name] = attempt(lambda: os.kill(pid, 0))
-print(json.dumps(results))
-"""
-
 
 def _probe(targets: dict[str, str], homes: str, state: str, pids: dict[str, int]) -> str:
-    return f"TARGETS = {targets!r}\nHOMES = {homes!r}\nSTATE = {state!r}\nPIDS = {pids!r}\n" + PROBE
+    """Code for a kernel: each read, listing and signal, reported as allowed/denied/missing."""
+    listings = {"list homes": homes, "list state": state}
+    return f"READS = {targets!r}\nLISTINGS = {listings!r}\nPIDS = {pids!r}\n" + KERNEL_PROBE
 
 
 def _useradd(name: str, *options: str) -> None:
