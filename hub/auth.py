@@ -14,6 +14,7 @@ locked instead of "Invalid username or password".
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 from datetime import datetime
@@ -41,6 +42,12 @@ from gpulab.hub.refusals import install_quiet_refusals, shown
 from gpulab.hub.server_handlers import server_handler_overrides
 
 TEMPLATES = Path(__file__).parent / "templates"
+
+
+@functools.cache
+def _authorize_template() -> str:
+    """The approval page's template text, read once (not on every request, on the loop)."""
+    return (TEMPLATES / "gpulab-authorize.html").read_text(encoding="utf-8")
 
 
 class GPULabLoginHandler(NativeLoginHandler):
@@ -138,7 +145,7 @@ class AuthorizationAreaHandler(_AuthorizationBase):
     @needs_scope("admin:users")
     async def get(self) -> None:
         env = self.settings["jinja2_env"]
-        template = env.from_string((TEMPLATES / "gpulab-authorize.html").read_text())
+        template = env.from_string(_authorize_template())
         ns = dict(self.template_namespace)
         ns.update(
             ask_email=self.authenticator.ask_email_on_signup,

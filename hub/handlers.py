@@ -1,7 +1,11 @@
 """Hub REST endpoints of gpulab: live capacity per profile, and allocations for admins.
 
 Register them with `c.JupyterHub.extra_handlers = gpulab_handlers` when not using gpulab's
-authenticator (which adds them itself).
+authenticator (which adds them itself). gpulab's checks in front of JupyterHub's own server
+handlers (`gpulab.hub.server_handlers`) cannot go there: extra handlers come after JupyterHub's,
+so another authenticator must return `server_handler_overrides` first from its get_handlers.
+
+Every body is capped at 64 KiB (413) before it is parsed; values echoed in errors are shortened.
 """
 
 from __future__ import annotations
