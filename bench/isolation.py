@@ -1,43 +1,89 @@
 """Tenant isolation, counted: the cross-user attack catalogue (tests/isolation.py) against a real
-embedded-default hub with per-user accounts, as a table of attempts by category.
+embedded-default hub with per-user accounts ("local:") and against a real hub with GPUKubeSpawner
+on the dev cluster ("kube:"), as one table of attempts by category.
 
-    .venv/bin/python -m bench.isolation      (as root)
+    .venv/bin/python -m bench.isolation [--backend local|kube|both] [--verbose]   (as root)
 
-Last line: attempts=<n> leaks=<n> server_errors=<n> (the goal: leaks 0, server_errors 0).
+Last line, over the backends run: attempts=<n> leaks=<n> server_errors=<n> (the goal: leaks 0,
+server_errors 0).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
+from tests.clustertools import running_dev_cluster
 from tests.hubtools import Hub
-from tests.isolation import local_attack_suite, table
+from tests.isolation import (
+    Attempt,
+    kube_attack_suite,
+    local_attack_suite,
+    metadata_endpoint,
+    table,
+)
+
+BACKENDS = ("local", "kube")
 
 
-async def run() -> int:
-    with tempfile.TemporaryDirectory(prefix="gpulab-bench-isolation-") as tmp:
-        hub = Hub(Path(tmp) / "hub")
+async def run_local(tmp: Path) -> list[Attempt]:
+    hub = Hub(tmp / "hub")
+    try:
+        hub.start()
+        attempts = await local_attack_suite(hub)
+    finally:
+        hub.close()
+        hub.cleanup()
+    return [replace(a, category=f"local:{a.category}") for a in attempts]
+
+
+async def run_kube(tmp: Path) -> list[Attempt]:
+    # the kube e2e tests' cluster and hub config, so the bench measures what the tests assert
+    from tests.test_e2e_kube import NODES
+    from tests.test_e2e_kube_checkpoint import WORKSPACE_OVERLAY
+
+    with running_dev_cluster(tmp / "cluster", NODES) as cluster:
+        hub = Hub(tmp / "kube-hub", WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
         try:
             hub.start()
-            attempts = await local_attack_suite(hub)
+            with metadata_endpoint():
+                return await kube_attack_suite(hub, cluster)  # categories are "kube:" already
         finally:
             hub.close()
             hub.cleanup()
+
+
+async def run(backends: list[str], verbose: bool) -> int:
+    attempts: list[Attempt] = []
+    with tempfile.TemporaryDirectory(prefix="gpulab-bench-isolation-") as tmp:
+        if "local" in backends:
+            attempts += await run_local(Path(tmp))
+        if "kube" in backends:
+            attempts += await run_kube(Path(tmp))
     print(table(attempts))
+    if verbose:
+        for a in attempts:
+            print(f"  {a.outcome}: [{a.category}] {a.name} ({a.detail})")
     leaks = sum(a.outcome == "leak" for a in attempts)
     errors = sum(a.outcome == "server_error" for a in attempts)
     print(f"attempts={len(attempts)} leaks={leaks} server_errors={errors}")
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.isolation", description=__doc__)
+    parser.add_argument("--backend", choices=[*BACKENDS, "both"], default="both")
+    parser.add_argument("--verbose", action="store_true", help="list every attempt")
+    args = parser.parse_args(argv)
     if os.geteuid() != 0:
-        print("bench.isolation: per-user accounts need a hub running as root")
+        print("bench.isolation: per-user accounts and the dev cluster need root")
         return 2
-    return asyncio.run(run())
+    backends = list(BACKENDS) if args.backend == "both" else [args.backend]
+    return asyncio.run(run(backends, args.verbose))
 
 
 if __name__ == "__main__":
