@@ -41,7 +41,7 @@ from gpulab.spawner.checkpoint.environment import persistent_env, server_args
 from gpulab.spawner.checkpoint.prepare import CONTAINER_KEYS
 from gpulab.spawner.checkpoint.secret import load_or_create_secret
 from gpulab.spawner.checkpoint.signing import key_to_text
-from gpulab.spawner.checkpoint.store import list_checkpoints
+from gpulab.spawner.kube_checkpoint_offer import offered_checkpoints
 from gpulab.spawner.kube_isolation import (
     CHECKPOINT_KEY_DIR,
     CHECKPOINT_KEY_VOLUME,
@@ -543,10 +543,15 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         if not self.workspaces_enabled:
             return None
         kernels: list[dict[str, Any]] = []
-        root = await self._readable_checkpoint_root()
-        if root is not None:
+        volume = await self._readable_volume()
+        if volume is not None:
+            # the volume's names are the user's: read without following links (see the module)
             found = await asyncio.to_thread(
-                list_checkpoints, root, self._user_key(), self.user.name
+                offered_checkpoints,
+                volume,
+                (".gpulab", "checkpoints", self.workspace_dir_name),
+                self._user_key(),
+                self.user.name,
             )
             kernels = [
                 {
@@ -559,7 +564,8 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
             ]
         return {"kernels": kernels, "snapshots": await self.list_workspace_snapshots()}
 
-    async def _readable_checkpoint_root(self) -> Path | None:
+    async def _readable_volume(self) -> Path | None:
+        """The folder of the home claim's PV when it is a hostPath on the hub's machine."""
         if not self._pvc_exists:
             return None
         try:
@@ -573,10 +579,7 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         except ApiException:
             return None
         path = ((pv.get("spec") or {}).get("hostPath") or {}).get("path")
-        if not path:
-            return None
-        root = Path(path) / ".gpulab" / "checkpoints" / self.workspace_dir_name
-        return root if await asyncio.to_thread(root.is_dir) else None
+        return Path(path) if path else None
 
     # -- restore and clone ----------------------------------------------------------------------
 
