@@ -643,6 +643,55 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
     ]
 
 
+# Runs in the attacker's kernel: a FIFO where the hub looks for her kernel checkpoint's manifest
+# (a reader of it waits for a writer, forever), or, with UNBLOCK, the FIFO opened for writing and
+# removed (a reader still waiting gets end-of-file).
+PLANT_FIFO = """
+import errno, os, shutil
+slot = os.path.join(os.environ["GPULAB_CHECKPOINT_DIR"], "fifo-probe")
+if UNBLOCK:
+    try:
+        os.close(os.open(os.path.join(slot, "manifest.json"), os.O_WRONLY | os.O_NONBLOCK))
+        print("a reader was waiting")
+    except OSError as e:
+        print("no reader" if e.errno == errno.ENXIO else e)
+    shutil.rmtree(slot)
+else:
+    os.makedirs(slot)
+    os.mkfifo(os.path.join(slot, "manifest.json"))
+    print("planted")
+"""
+
+
+async def kube_deputy_attacks(hub: Hub, victim: dict[str, Any]) -> list[Attempt]:
+    """The hub reads the kernel checkpoints in a user's volume for the picker's offer (the volume
+    is a folder on the hub's machine on the dev cluster): the attacker plants a FIFO there. A hub
+    that opened it would wait for a writer for ever, a thread of its pool lost per request."""
+    out = await run_in_kernel(hub, ATTACKER, "UNBLOCK = False\n" + PLANT_FIFO)
+    assert "planted" in out, out
+    url = f"{hub.url}/hub/api/gpulab/users/{ATTACKER}/snapshots"
+    headers = {"Authorization": f"token {victim['tokens'][ATTACKER]}"}
+    try:
+        # the listing answers in well under a second; a minute without an answer is a hub stuck
+        async with httpx.AsyncClient(headers=headers, timeout=60) as client:
+            r = await client.get(url)
+        attempt = Attempt(
+            "confused deputy",
+            "the hub opens a FIFO in her checkpoints",
+            _http_outcome(r.status_code) if r.status_code != 200 else "refused",
+            str(r.status_code),
+        )
+    except httpx.TimeoutException:
+        attempt = Attempt(
+            "confused deputy",
+            "the hub opens a FIFO in her checkpoints",
+            "leak",
+            "no answer: the hub waits on the FIFO",
+        )
+    out = await run_in_kernel(hub, ATTACKER, "UNBLOCK = True\n" + PLANT_FIFO)
+    return [attempt]
+
+
 async def kube_attack_suite(hub: Hub, cluster: DevCluster, profile: str = "cpu") -> list[Attempt]:
     """Every attempt of the catalogue against a hub with GPUKubeSpawner on the dev cluster, inside
     `metadata_endpoint()`; the categories are prefixed "kube:"."""
@@ -651,6 +700,7 @@ async def kube_attack_suite(hub: Hub, cluster: DevCluster, profile: str = "cpu")
     shared = await server_token_attacks(hub)
     shared += await api_attacks(hub, victim)
     shared += await input_attacks(hub, victim)
+    shared += await kube_deputy_attacks(hub, victim)
     # the node's snapshotter (root) copies the attacker's volume: it must keep a link a link
     shared += await deputy_attacks(
         hub,
