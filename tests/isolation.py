@@ -688,7 +688,7 @@ async def kube_deputy_attacks(hub: Hub, victim: dict[str, Any]) -> list[Attempt]
             "leak",
             "no answer: the hub waits on the FIFO",
         )
-    out = await run_in_kernel(hub, ATTACKER, "UNBLOCK = True\n" + PLANT_FIFO)
+    await run_in_kernel(hub, ATTACKER, "UNBLOCK = True\n" + PLANT_FIFO)  # frees a stuck reader
     return [attempt]
 
 
