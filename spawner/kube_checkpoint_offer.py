@@ -18,10 +18,14 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from gpulab.spawner.checkpoint.store import CURRENT, OFFERED, Manifest, list_checkpoints
+from gpulab.spawner.checkpoint.store import (
+    CURRENT,
+    MAX_MANIFEST_BYTES,
+    OFFERED,
+    Manifest,
+    list_checkpoints,
+)
 
-#: a manifest names each variable in a few hundred bytes; anything larger is not one
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 _NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: O_NONBLOCK: opening a FIFO returns at once (and fstat then says it is no regular file)
 _NOFOLLOW_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -33,8 +33,10 @@ from gpulab.spawner.checkpoint.secret import load_or_create_secret
 from gpulab.spawner.checkpoint.worker import WorkspaceOpError, run_op
 from gpulab.spawner.snapshot_schedule import SCHEDULED, SnapshotScheduleMixin
 
-#: how long one workspace operation of the worker may take (a snapshot of a large home)
-WORKER_TIMEOUT_SECONDS = 600
+#: how long one workspace operation of the worker may take: a snapshot, restore or clone copies
+#: a whole home; a listing or the picker's offer only reads manifests
+WORKER_TIMEOUT_SECONDS = {"snapshot": 600.0, "restore": 600.0, "clone": 600.0}
+WORKER_READ_TIMEOUT_SECONDS = 60.0
 
 
 def server_dir_name(server_name: str) -> str:
@@ -239,7 +241,10 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
             extra_groups=[],
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(request), WORKER_TIMEOUT_SECONDS)
+            out, err = await asyncio.wait_for(
+                proc.communicate(request),
+                WORKER_TIMEOUT_SECONDS.get(op, WORKER_READ_TIMEOUT_SECONDS),
+            )
         except TimeoutError:
             proc.kill()
             await proc.wait()

@@ -343,6 +343,7 @@ async def local_attack_suite(hub: Hub) -> list[Attempt]:
     attempts += await server_token_attacks(hub)
     attempts += await api_attacks(hub, victim)
     attempts += await input_attacks(hub, victim)
+    attempts += await fifo_deputy_attacks(hub, victim)
     attempts += await deputy_attacks(hub)
     return attempts
 
@@ -663,10 +664,11 @@ else:
 """
 
 
-async def kube_deputy_attacks(hub: Hub, victim: dict[str, Any]) -> list[Attempt]:
-    """The hub reads the kernel checkpoints in a user's volume for the picker's offer (the volume
-    is a folder on the hub's machine on the dev cluster): the attacker plants a FIFO there. A hub
-    that opened it would wait for a writer for ever, a thread of its pool lost per request."""
+async def fifo_deputy_attacks(hub: Hub, victim: dict[str, Any]) -> list[Attempt]:
+    """The hub reads the kernel checkpoints in a user's home for the picker's offer (on the dev
+    cluster the volume is a folder on the hub's machine; locally a worker reads them as the user):
+    the attacker plants a FIFO there. A reader that opened it would wait for a writer for ever: a
+    thread of the hub's pool, or a worker per request, lost."""
     out = await run_in_kernel(hub, ATTACKER, "UNBLOCK = False\n" + PLANT_FIFO)
     assert "planted" in out, out
     url = f"{hub.url}/hub/api/gpulab/users/{ATTACKER}/snapshots"
@@ -700,7 +702,7 @@ async def kube_attack_suite(hub: Hub, cluster: DevCluster, profile: str = "cpu")
     shared = await server_token_attacks(hub)
     shared += await api_attacks(hub, victim)
     shared += await input_attacks(hub, victim)
-    shared += await kube_deputy_attacks(hub, victim)
+    shared += await fifo_deputy_attacks(hub, victim)
     # the node's snapshotter (root) copies the attacker's volume: it must keep a link a link
     shared += await deputy_attacks(
         hub,

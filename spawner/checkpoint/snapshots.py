@@ -76,10 +76,22 @@ class SnapshotError(Exception):
 # -- copying ------------------------------------------------------------------------------------
 
 
-def _copy_file(src: str, dst: str, mode: int) -> None:
+def _copy_file(src: str, dst: str, mode: int) -> bool:
     """Reflink when the filesystem can, else an in-kernel copy; the copy gets `mode` (0600 while
-    it is written so that nobody else can open it meanwhile)."""
-    with open(src, "rb") as fsrc:
+    it is written so that nobody else can open it meanwhile). False, and nothing copied, when
+    `src` is no longer a regular file (replaced by a link or a FIFO since it was listed: the
+    walk must neither follow the one nor wait on the other)."""
+    try:
+        src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOENT):
+            return False
+        raise
+    if not stat.S_ISREG(os.fstat(src_fd).st_mode):
+        os.close(src_fd)
+        return False
+    os.set_blocking(src_fd, True)
+    with os.fdopen(src_fd, "rb") as fsrc:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fdst:
             try:
@@ -95,6 +107,7 @@ def _copy_file(src: str, dst: str, mode: int) -> None:
                     raise
                 _kernel_copy(fsrc, fdst)
     os.chmod(dst, stat.S_IMODE(mode))
+    return True
 
 
 def _kernel_copy(fsrc, fdst) -> None:  # type: ignore[no-untyped-def]
@@ -192,7 +205,10 @@ def _copy_tree(
                         continue
                 except FileNotFoundError:
                     pass
-            _copy_file(entry.path, str(target), st.st_mode)
+            if not _copy_file(entry.path, str(target), st.st_mode):
+                files -= 1
+                total -= st.st_size
+                continue
             os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
             new += st.st_size
         # sockets, fifos, devices: not part of a workspace

@@ -17,9 +17,11 @@ no manifest names are deleted by the next save.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -125,6 +127,35 @@ def _write_private(path: Path, data: bytes) -> None:
     os.rename(tmp, path)
 
 
+#: a manifest names each variable in a few hundred bytes; anything larger is not one
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of `path` when it is a regular file (not a link) of at most `limit` bytes;
+    CheckpointRefused otherwise. A FIFO or a link to /dev/zero put in its place cannot make the
+    reader (the hub's worker, a kernel) wait for ever or fill its memory. FileNotFoundError passes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointRefused(f"{path}: a symbolic link, not a checkpoint file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise CheckpointRefused(f"{path}: not a regular file of at most {limit} bytes")
+        chunks, total = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+            if total > limit:
+                raise CheckpointRefused(f"{path}: grew past {limit} bytes while read")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 class CheckpointStore:
     """The checkpoints of one kernel slot, signed with one user's key."""
 
@@ -168,7 +199,7 @@ class CheckpointStore:
         signed with another key, altered, or another user's."""
         path = self.path / which
         try:
-            raw = path.read_bytes()
+            raw = read_bounded(path, MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             return None
         mac, sep, body = raw.partition(b"\n")

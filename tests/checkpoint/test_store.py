@@ -19,7 +19,7 @@ import pytest
 from gpulab.spawner.checkpoint import derive_user_key, describe, list_checkpoints
 from gpulab.spawner.checkpoint.saver import NamespaceCheckpointer
 from gpulab.spawner.checkpoint.signing import CheckpointRefused
-from gpulab.spawner.checkpoint.store import CURRENT, CheckpointStore
+from gpulab.spawner.checkpoint.store import CURRENT, MAX_MANIFEST_BYTES, CheckpointStore
 from tests.checkpoint.conftest import HUB_SECRET, key_for
 
 
@@ -311,3 +311,22 @@ def test_each_notebook_gets_its_own_slot():
     assert a.startswith("train.ipynb-") and b.startswith("train.ipynb-") and a != b
     assert slot_name({}) == "default"
     assert slot_name({"GPULAB_CHECKPOINT_SLOT": "../../etc"}) == ".._.._etc"
+
+
+def test_a_manifest_replaced_by_a_fifo_a_link_or_a_huge_file_is_refused_without_waiting(store):
+    # what a user can put where a manifest should be: none of it may block the reader (the hub's
+    # worker, a kernel) or fill its memory
+    store.path.mkdir(parents=True, exist_ok=True)
+    manifest = store.path / CURRENT
+    os.mkfifo(manifest)
+    with pytest.raises(CheckpointRefused, match="not a regular file"):
+        store.read_manifest()
+    manifest.unlink()
+    manifest.symlink_to("/dev/zero")
+    with pytest.raises(CheckpointRefused, match="symbolic link"):
+        store.read_manifest()
+    manifest.unlink()
+    with open(manifest, "wb") as f:
+        f.truncate(MAX_MANIFEST_BYTES + 1)
+    with pytest.raises(CheckpointRefused, match="regular file of at most"):
+        store.read_manifest()
