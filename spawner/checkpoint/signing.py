@@ -53,7 +53,9 @@ def read_key_file(path: Path) -> bytes:
     try:
         raw = path.read_text().strip()
     except OSError as e:
-        raise CheckpointRefused(f"cannot read the checkpoint key file {path}: {e.strerror}") from None
+        raise CheckpointRefused(
+            f"cannot read the checkpoint key file {path}: {e.strerror}"
+        ) from None
     try:
         key = bytes.fromhex(raw)
     except ValueError:
