@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.browser import browser_page, chromium_missing_reason
+from tests.hubtools import passable_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -54,7 +55,8 @@ def _extension_installed() -> str | None:
 
 def _spawn_lab(make_hub, tmp_path: Path, page: Any, source: str = "simulated") -> tuple[Any, Path]:
     """Log in and start a 1/2-GPU server on simulated devices; the hub and their figures file."""
-    figures = tmp_path / "gpu-figures.json"
+    # read by the server's own account: beside the hubs' state, not in pytest's private tmp_path
+    figures = passable_dir(tmp_path / "simulated") / "gpu-figures.json"
     _write_figures(
         figures,
         utilization_pct=20,
