@@ -44,3 +44,12 @@ def browser_page(tmp_path: Path) -> Iterator[Any]:
             yield context.new_page()
         finally:
             browser.close()
+
+
+def log_in_as_admin(page: Any, hub: Any) -> None:
+    """The login form, as a person fills it in, with the hub's initial admin; on to the spawn page."""
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", hub.admin_password())
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_url("**/hub/spawn**")

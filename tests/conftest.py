@@ -14,14 +14,10 @@ settings.register_profile("gpulab", deadline=None)
 settings.load_profile("gpulab")
 
 
-@pytest.hookimpl(trylast=True)  # after tests/kube/conftest.py has marked its tests `kube`
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # With pytest-xdist (`bash .ci/dev test` runs two workers), every test that needs the dev
-    # cluster runs on one worker: one control plane at a time, and the clusters' pod addresses
-    # and node processes never meet another worker's.
-    for item in items:
-        if item.get_closest_marker("kube"):
-            item.add_marker(pytest.mark.xdist_group("dev-cluster"))
+# The dev-cluster tests (marked `kube`) never share a run with pytest-xdist workers: `bash .ci/dev
+# test` runs them after the rest, in a pytest of their own, since two clusters at once would share
+# pod addresses and the node agents' nftables table. (An xdist_group set here was never seen:
+# pytest-xdist reads groups before conftest hooks add them.)
 
 
 @pytest.fixture

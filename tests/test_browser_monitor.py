@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser import browser_page, chromium_missing_reason
+from tests.browser import browser_page, chromium_missing_reason, log_in_as_admin
 from tests.hubtools import passable_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -71,11 +71,7 @@ def _spawn_lab(make_hub, tmp_path: Path, page: Any, source: str = "simulated") -
         "c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n"
         f"c.Spawner.environment.update({env!r})\n"
     )
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", hub.admin_password())
-    page.click("input[type=submit], button[type=submit]")
-    page.wait_for_url("**/hub/spawn**")
+    log_in_as_admin(page, hub)
     page.check("#profile-gpu-half")
     page.click("form button[type=submit], form input[type=submit]")
     page.wait_for_url("**/user/admin/lab**", timeout=90_000)

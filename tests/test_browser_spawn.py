@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import browser_page, chromium_missing_reason
+from tests.browser import browser_page, chromium_missing_reason, log_in_as_admin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -20,11 +20,7 @@ def test_person_logs_in_picks_half_a_gpu_and_lands_in_jupyterlab(make_hub, tmp_p
     hub = make_hub("c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with browser_page(tmp_path) as page:
-        page.goto(f"{hub.url}/hub/login")
-        page.fill("input[name=username]", "admin")
-        page.fill("input[name=password]", hub.admin_password())
-        page.click("input[type=submit], button[type=submit]")
-        page.wait_for_url("**/hub/spawn**")
+        log_in_as_admin(page, hub)
 
         half = page.locator("label[for=profile-gpu-half]")
         assert "(1/2 GPU - 4 free)" in half.inner_text()

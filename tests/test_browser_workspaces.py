@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import browser_page, chromium_missing_reason
+from tests.browser import browser_page, chromium_missing_reason, log_in_as_admin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -25,11 +25,7 @@ def test_person_restores_and_clones_a_workspace_from_the_workspaces_page(make_hu
     (hub.home("admin") / "thesis.tex").unlink()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with browser_page(tmp_path) as page:
-        page.goto(f"{hub.url}/hub/login")
-        page.fill("input[name=username]", "admin")
-        page.fill("input[name=password]", hub.admin_password())
-        page.click("input[type=submit], button[type=submit]")
-        page.wait_for_url("**/hub/spawn**")
+        log_in_as_admin(page, hub)
 
         page.goto(f"{hub.url}/hub/gpulab/workspaces")
         row = page.locator("tr.gpulab-snapshot").first
