@@ -53,8 +53,10 @@ def _http_outcome(status: int) -> str:
 
 
 # Runs in the attacker's kernel: each read/list/signal, reported as allowed/denied/missing.
-KERNEL_PROBE = """
-import json, os
+# The start of every kernel probe: each read of READS and listing of LISTINGS, reported as
+# allowed/denied/missing (or the error's name), into `results`.
+PROBE_READS = """
+import json, os, socket
 def attempt(fn):
     try:
         fn()
@@ -72,11 +74,17 @@ for name, path in READS.items():
     results[name] = attempt(read(path))
 for name, path in LISTINGS.items():
     results[name] = attempt(lambda: os.listdir(path))
+"""
+
+KERNEL_PROBE = (
+    PROBE_READS
+    + """
 for name, pid in PIDS.items():
     results["environ of " + name] = attempt(read(f"/proc/{pid}/environ"))
     results["signal " + name] = attempt(lambda: os.kill(pid, 0))
 print(json.dumps(results))
 """
+)
 
 
 async def prepare_victim(hub: Hub, profile: str | None = None) -> dict[str, Any]:
@@ -358,23 +366,9 @@ CLOUD_METADATA = ("169.254.169.254", 80)
 
 # Runs in the attacker's kernel in her pod: the visible processes (any of the victim's, any of the
 # node's: the hub, the control plane) and a TCP connection to each target.
-KUBE_PROBE = """
-import json, os, socket
-def attempt(fn):
-    try:
-        fn()
-        return "allowed"
-    except PermissionError:
-        return "denied"
-    except FileNotFoundError:
-        return "missing"
-    except OSError as e:
-        return type(e).__name__
-results = {}
-for name, path in READS.items():
-    results[name] = attempt(lambda: open(path, "rb").read(1))
-for name, path in LISTINGS.items():
-    results[name] = attempt(lambda: os.listdir(path))
+KUBE_PROBE = (
+    PROBE_READS
+    + """
 victims, foreign = [], []
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
@@ -410,6 +404,7 @@ for name, (host, port) in CONTROL_CONNECT.items():
     results[name] = attempt(lambda: socket.create_connection((host, port), timeout=5).close())
 print(json.dumps(results))
 """
+)
 
 
 def _pod_of(cluster: DevCluster, user: str) -> dict[str, Any]:
