@@ -6,7 +6,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from tests.hubtools import Hub
+from tests.harness.hub import Hub
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from gpulab.spawner.checkpoint import derive_user_key
-from gpulab.spawner.checkpoint.saver import NamespaceCheckpointer
-from gpulab.spawner.checkpoint.store import CheckpointStore
+from gpulab.spawner.singleuser.checkpoint import derive_user_key
+from gpulab.spawner.singleuser.checkpoint.saver import NamespaceCheckpointer
+from gpulab.spawner.singleuser.checkpoint.store import CheckpointStore
 
 MB = 1_000_000
 CHUNK = 8 << 20

@@ -1,4 +1,4 @@
-"""Tenant isolation, counted: the cross-user attack catalogue (tests/isolation.py) against a real
+"""Tenant isolation, counted: the cross-user attack catalogue (tests/harness/isolation.py) against a real
 embedded-default hub with per-user accounts ("local:") and against a real hub with GPUKubeSpawner
 on the dev cluster ("kube:"), as one table of attempts by category.
 
@@ -17,9 +17,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from tests.clustertools import running_dev_cluster
-from tests.hubtools import Hub
-from tests.isolation import (
+from tests.harness.cluster import running_dev_cluster
+from tests.harness.hub import Hub
+from tests.harness.isolation import (
     Attempt,
     kube_attack_suite,
     local_attack_suite,
@@ -43,8 +43,8 @@ async def run_local(tmp: Path) -> list[Attempt]:
 
 async def run_kube(tmp: Path) -> list[Attempt]:
     # the kube e2e tests' cluster and hub config, so the bench measures what the tests assert
-    from tests.test_e2e_kube import NODES
-    from tests.test_e2e_kube_checkpoint import WORKSPACE_OVERLAY
+    from tests.spawner.kube.test_spawner import NODES
+    from tests.spawner.kube.test_workspaces import WORKSPACE_OVERLAY
 
     with running_dev_cluster(tmp / "cluster", NODES) as cluster:
         hub = Hub(tmp / "kube-hub", WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})

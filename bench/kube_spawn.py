@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from bench._spawning import alternate, percentile, print_table
-from gpulab.spawner.devcluster import DevCluster, NodeSpec, ensure_binaries
-from tests.hubtools import Hub
+from gpulab.devcluster import DevCluster, NodeSpec, ensure_binaries
+from tests.harness.hub import Hub
 
 NODE = NodeSpec("bench-a100", gpus=8, time_slicing_replicas=8, cpu=256, memory_gib=2048)
 

@@ -39,7 +39,7 @@ import httpx
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
-from tests.monitor.labserver import LabServer
+from tests.harness.labserver import LabServer
 
 GPUS = 8
 CLIENTS = (1, 10, 50)

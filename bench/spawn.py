@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench._spawning import alternate, print_table, timed_spawn
-from tests.hubtools import Hub
+from tests.harness.hub import Hub
 
 STOCK_OVERLAY = "c.JupyterHub.spawner_class = 'localprocess'\n"
 GPULAB_OVERLAY = "c.GPUCapacity.declared_inventory = '8 x A100-SXM4-80GB'\n"

@@ -35,11 +35,11 @@ from tornado.httputil import url_concat
 from traitlets import TraitError, Unicode, default
 
 from gpulab.hub.capacity import GPUCapacity
-from gpulab.hub.handlers import gpulab_handlers
+from gpulab.hub.apihandlers.gpulab import gpulab_handlers
 from gpulab.hub.inventory import InventoryError
 from gpulab.hub.profiles import ProfileError
 from gpulab.hub.refusals import install_quiet_refusals, shown
-from gpulab.hub.server_handlers import server_handler_overrides
+from gpulab.hub.handlers.servers import server_handler_overrides
 
 TEMPLATES = Path(__file__).parent / "templates"
 

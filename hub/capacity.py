@@ -303,7 +303,7 @@ class GPUCapacity(SingletonConfigurable):
         """Make sure the allocator reflects the current cluster (Kubernetes: watches synced)."""
         if self.inventory_source == "kubernetes":
             # imported here: only hubs that spawn on Kubernetes need a Kubernetes client
-            from gpulab.spawner.kube_state import ensure_kube_state
+            from gpulab.spawner.kube.state import ensure_kube_state
 
             await ensure_kube_state(self)
 

@@ -35,10 +35,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _add_dev_cluster(p: argparse.ArgumentParser) -> None:
-    from gpulab.spawner.devcluster import cli as dev_cluster
-
+    try:
+        from gpulab.devcluster import cli as dev_cluster
+    except ImportError:
+        # the dev cluster is a development tool of its own distribution, not in gpulab's wheel
+        p.set_defaults(func=_dev_cluster_missing)
+        p.add_argument("args", nargs=argparse.REMAINDER)
+        return
     dev_cluster.add_arguments(p)
     p.set_defaults(func=dev_cluster.run)
+
+
+def _dev_cluster_missing(args: argparse.Namespace) -> int:
+    print(
+        "gpulab dev-cluster is a development tool that is not installed here: from a gpulab "
+        "checkout, run `bash .ci/dev setup` (or `pip install -e ./devcluster`)",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-from gpulab.hub.handlers import gpulab_handlers  # noqa: F401  (for admins switching authenticators)
+from gpulab.hub.apihandlers.gpulab import gpulab_handlers  # noqa: F401  (for admins switching authenticators)
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
@@ -87,7 +87,7 @@ if cull_idle_seconds > 0:
     )
 
 
-# GPU figures of every server in one place (gpulab.hub.metrics_service): every server's GPU monitor
+# GPU figures of every server in one place (gpulab.hub.services.metrics.service): every server's GPU monitor
 # pushes its figures every GPULAB_METRICS_PUSH_INTERVAL_SECONDS (15) straight to the service, with
 # the server's own token; the service evaluates the admin's alert rules (IDLE_GPU by default) and
 # serves /services/gpulab-metrics/{metrics,api/servers,api/alerts} to admins. It calls no user
@@ -123,7 +123,7 @@ if os.environ.get("GPULAB_METRICS_SERVICE", "1").strip().lower() not in ("0", "f
         {
             "name": "gpulab-metrics",
             "url": _metrics_url,
-            "command": [sys.executable, "-m", "gpulab.hub.metrics_service"],
+            "command": [sys.executable, "-m", "gpulab.hub.services.metrics.service"],
             "environment": _metrics_env,
             "oauth_no_confirm": True,
             "display": False,
@@ -161,8 +161,8 @@ if extra:
 
 # Where users' servers share one OS account (a hub that is not root, or allow_root_servers), every
 # page says so: nobody should mistake such an install for one that keeps users apart.
-if c.JupyterHub.spawner_class in ("gpulab-simple", "gpulab.spawner.local.GPUSimpleLocalSpawner"):
-    from gpulab.spawner.local import shared_account_warning
+if c.JupyterHub.spawner_class in ("gpulab-simple", "gpulab.spawner.local.spawner.GPUSimpleLocalSpawner"):
+    from gpulab.spawner.local.spawner import shared_account_warning
 
     _warning = shared_account_warning(c)
     if _warning:

@@ -1,7 +1,7 @@
 """Names the gpulab-metrics service and the servers' GPU monitors share across processes.
 
 Defined once here; hub/jupyterhub_config.py (which sets them for every spawner), the service
-(hub/metrics_service.py) and the server extension (jupyterlab_gpulab/push.py) all import them.
+(hub/services/metrics/service.py) and the server extension (jupyterlab_gpulab/push.py) all import them.
 This module imports nothing, so a single-user image pays nothing for it.
 """
 

@@ -6,7 +6,7 @@ initial admin's password, next to `homes/`, `snapshots/` and `checkpoint-keys/`,
 belong to the users' accounts. So the directory is 0711: a user's process may pass through it to
 her own home but cannot list it, and every file of the hub's in it is 0600 (the hub runs with
 umask 077, so files it makes later are too). What users reach inside is guarded by its own owner
-and mode (see `gpulab.spawner.workspace`).
+and mode (see `gpulab.spawner.workspaces.local`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ FRAMEWORK_CAPS = "framework-caps"
 CPU_ONLY = "cpu-only"
 
 #: directory holding gpulab's sitecustomize, which applies the framework caps at import time
-CAPS_HOOK_DIR = str(Path(__file__).with_name("gpu_caps"))
+CAPS_HOOK_DIR = str(Path(__file__).parent / "singleuser" / "gpu_caps")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,7 @@
+"""python -m gpulab.devcluster up|down|status"""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

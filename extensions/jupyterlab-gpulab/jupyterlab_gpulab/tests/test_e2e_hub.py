@@ -1,0 +1,54 @@
+"""Through a real hub: a token that may access a spawned server reads its GPU metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness.labserver import EXTENSION_SRC
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_quarter_share_servers_gpu_metrics_are_read_through_the_hub(
+    make_hub, tmp_path: Path
+) -> None:
+    # enabled and imported from the source folder, whether or not the venv holds a built copy
+    enable = tmp_path / "jupyter-config" / "jupyter_server_config.d" / "jupyterlab_gpulab.json"
+    enable.parent.mkdir(parents=True)
+    enable.write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyterlab_gpulab": True}}})
+    )
+    env = {
+        "GPULAB_MONITOR_SOURCE": "simulated",
+        "PYTHONPATH": str(EXTENSION_SRC),
+        "JUPYTER_CONFIG_PATH": str(enable.parents[1]),
+    }
+    hub = make_hub(
+        "c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n"
+        f"c.Spawner.environment.update({env!r})\n"
+    )
+    hub.create_user("ada")
+    hub.start_server("ada", profile="gpu-quarter")
+    (uuid,) = hub.server_env("ada")["GPULAB_GPU_UUIDS"].split(",")
+    base = f"{hub.url}/user/ada/gpulab/monitor"
+    with httpx.Client(headers={"Authorization": f"token {hub.token}"}, timeout=30) as reader:
+        devices = reader.get(f"{base}/devices").json()
+        assert devices["share"]["fraction"] == 0.25 and devices["share"]["profile"] == "gpu-quarter"
+        (device,) = devices["devices"]
+        assert device["uuid"] == uuid and not device["whole"]
+        assert device["memory_limit_mib"] < device["memory_total_mib"]
+        text = ""
+        for _ in range(100):
+            text = reader.get(f"{base}/metrics").text
+            if "gpulab_gpu_memory_used_bytes{" in text:
+                break
+        limit = f'gpulab_gpu_memory_limit_bytes{{gpu="{uuid}",server="",user="ada"}}'
+        assert limit in text
+        assert "gpulab_gpu_temperature_celsius{" not in text, "a shared GPU has no temperature"
+    anonymous = httpx.get(f"{base}/metrics", timeout=30, follow_redirects=False)
+    assert anonymous.status_code in (302, 403)
+    assert "gpulab_gpu" not in anonymous.text

@@ -1,0 +1,1 @@
+"""gpulab's REST endpoints under /hub/api/gpulab/ (one module per resource)."""

@@ -1,0 +1,206 @@
+"""JupyterHub's server handlers with gpulab's checks in front, whatever the spawner.
+
+- A new named server may not be called `default` (the default server's home) nor take a home
+  another (renamed) server keeps: refused with a 400 before JupyterHub creates its record.
+- A named server whose first start is refused (a 4xx from `apply_user_options` or `start`: unknown
+  profile, quota, no capacity) leaves no record behind, so it does not count against
+  `named_server_limit_per_user`. The default server's record stays: JupyterHub creates it for
+  every user anyway (`user.spawner`) and the home page needs it.
+- The spawn API's body is capped at `MAX_BODY_BYTES` (413) before JupyterHub parses it.
+
+These subclasses are registered by `GPULabAuthenticator.get_handlers`, whose routes JupyterHub
+matches before its own (an authenticator's handlers come first); with another authenticator, add
+`server_handler_overrides` to its `get_handlers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.handlers.pages import SpawnHandler, SpawnPendingHandler
+from tornado import web
+
+from gpulab.hub.apihandlers import workspace_actions
+from gpulab.hub.refusals import check_body_size, is_expected_refusal
+
+
+def forget_unstarted_server(handler: Any, user: Any, server_name: str) -> bool:
+    """Delete the record of `user`'s named server `server_name` if it has never run and is not
+    starting: the trace of a refused first start. Returns whether it did."""
+    orm_spawner = user.orm_spawners.get(server_name) if server_name else None
+    if orm_spawner is None or orm_spawner.server is not None:
+        return False
+    spawner = user.spawners[server_name]
+    if spawner.active:
+        return False
+    # no delete_forever(): a refused first start created nothing outside the hub's database,
+    # and a home left by an earlier server of that name is not this record's to remove
+    user.spawners.pop(server_name, None)
+    handler.db.delete(orm_spawner)
+    handler.db.commit()
+    handler.log.info("Removed %s/%s: its first start was refused", user.name, server_name)
+    return True
+
+
+#: set on a Spawner whose record a gpulab handler created and that has not started since (in
+#: memory: after a hub restart such a record is kept, as JupyterHub keeps it)
+NEVER_STARTED = "gpulab_never_started"
+#: set when such a server's start was refused after JupyterHub had answered (202, or the
+#: pending page): its record goes once the person has been told why
+REFUSED_FIRST_START = "gpulab_refused_first_start"
+
+
+def is_first_start(user: Any, server_name: str) -> bool:
+    """Whether a start of `user`'s named server would be its first: no record yet, or a record a
+    gpulab handler made (a visit to its spawn form) that has never started."""
+    if user is None or not server_name:
+        return False
+    if server_name not in user.orm_spawners:
+        return True
+    return bool(getattr(user.spawners[server_name], NEVER_STARTED, False))
+
+
+def _follow_first_start(user: Any, server_name: str) -> None:
+    """A first start under way (or a form shown for one): remember that the record is new, and
+    mark it refused if its start, going on in the background, ends in a 4xx."""
+    if server_name not in user.orm_spawners:
+        return
+    spawner = user.spawners[server_name]
+    setattr(spawner, NEVER_STARTED, True)
+    future = spawner._spawn_future
+    if future is None:  # only the form was shown
+        return
+
+    def ended(done: asyncio.Future[Any]) -> None:
+        if done.cancelled():
+            return
+        if is_expected_refusal(done.exception()):
+            setattr(spawner, REFUSED_FIRST_START, True)
+        elif done.exception() is None:
+            setattr(spawner, NEVER_STARTED, False)
+
+    future.add_done_callback(ended)  # also when it has ended already (then it runs next)
+
+
+def _forget_refused_servers(handler: Any, user: Any) -> None:
+    for name in [n for n in user.orm_spawners if n]:
+        spawner = user.spawners[name]
+        if getattr(spawner, REFUSED_FIRST_START, False) and not spawner.active:
+            forget_unstarted_server(handler, user, name)
+
+
+class _ServerChecks:
+    """The checks both the REST API and the spawn pages share (mixed into their handlers)."""
+
+    async def _check_named_server_request(
+        self, user: Any, server_name: str, display_name: str, check_limit: bool = True
+    ) -> None:
+        _forget_refused_servers(self, user)
+        if server_name not in user.orm_spawners:
+            args = self.path_args  # type: ignore[attr-defined]
+            renaming = self.request.method == "PATCH" and len(args) > 1  # type: ignore[attr-defined]
+            renamed_from = args[1] if renaming else None
+            workspace_actions.check_new_server_name(user, server_name, renamed_from)
+        await super()._check_named_server_request(  # type: ignore[misc]
+            user, server_name, display_name, check_limit
+        )
+
+
+class GPULabUserServerAPIHandler(_ServerChecks, UserServerAPIHandler):
+    """/hub/api/users/{user}/server[s/{name}] with gpulab's checks."""
+
+    async def prepare(self) -> None:
+        check_body_size(self)
+        await super().prepare()
+
+    async def post(self, user_name: str, server_name: str = "") -> None:
+        user = self.find_user(user_name)
+        first = is_first_start(user, server_name)
+        try:
+            await super().post(user_name, server_name)
+        except web.HTTPError as e:
+            if first and is_expected_refusal(e):
+                forget_unstarted_server(self, user, server_name)
+            raise
+        if first:
+            _follow_first_start(user, server_name)
+
+    async def patch(self, user_name: str, server_name: str = "") -> None:
+        body = self.get_json_body() if not server_name else None
+        if isinstance(body, dict) and body.get("name"):
+            # JupyterHub would create a new default server next to the renamed one, and both
+            # would use the home 'default'
+            raise web.HTTPError(
+                400,
+                "The default server cannot be renamed: its home stays the default server's; "
+                "clone a snapshot of it into a new named server instead",
+            )
+        await super().patch(user_name, server_name)
+
+
+class GPULabSpawnHandler(_ServerChecks, SpawnHandler):
+    """/hub/spawn[/{user}[/{name}]] (the spawn form) with gpulab's checks. A refused start
+    renders the form again with the reason (JupyterHub's own behaviour); its record goes."""
+
+    async def prepare(self) -> None:
+        if self.request.method == "POST":
+            check_body_size(self)
+        await super().prepare()
+
+    async def _forgetting_refusals(
+        self, user_name: str, server_name: str, start: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        user = self.find_user(user_name or self.current_user.name)
+        first = is_first_start(user, server_name)
+        try:
+            result = await start()
+        except web.HTTPError as e:
+            if first and is_expected_refusal(e):
+                forget_unstarted_server(self, user, server_name)
+            raise
+        if first and server_name in user.orm_spawners:
+            if 400 <= self.get_status() < 500:  # the form came back with the reason
+                forget_unstarted_server(self, user, server_name)
+            else:  # the form for a new server, or its start going on behind the pending page
+                _follow_first_start(user, server_name)
+        return result
+
+    async def _get(self, user_name: str, server_name: str, display_name: str) -> Any:
+        start = functools.partial(
+            super()._get, user_name=user_name, server_name=server_name, display_name=display_name
+        )
+        return await self._forgetting_refusals(user_name, server_name, start)
+
+    async def _post(self, user_name: str, server_name: str, display_name: str) -> Any:
+        start = functools.partial(
+            super()._post, user_name=user_name, server_name=server_name, display_name=display_name
+        )
+        return await self._forgetting_refusals(user_name, server_name, start)
+
+
+class GPULabSpawnPendingHandler(SpawnPendingHandler):
+    """/hub/spawn-pending/{user}/{name}: shows why a first start was refused, then drops the
+    server's record (it never ran)."""
+
+    async def get(self, user_name: str, server_name: str = "") -> None:
+        await super().get(user_name, server_name)
+        user = self.find_user(user_name)
+        spawner = user.spawners[server_name] if user and server_name in user.spawners else None
+        if spawner is not None and getattr(spawner, REFUSED_FIRST_START, False):
+            forget_unstarted_server(self, user, server_name)
+
+
+#: routes ahead of JupyterHub's own (relative to the hub's prefix, as get_handlers returns them)
+server_handler_overrides: list[tuple[str, type[Any]]] = [
+    (r"/api/users/([^/]+)/server", GPULabUserServerAPIHandler),
+    (r"/api/users/([^/]+)/servers/([^/]*)", GPULabUserServerAPIHandler),
+    (r"/spawn", GPULabSpawnHandler),
+    (r"/spawn/([^/]+)", GPULabSpawnHandler),
+    (r"/spawn/([^/]+)/([^/]+)", GPULabSpawnHandler),
+    (r"/spawn-pending/([^/]+)", GPULabSpawnPendingHandler),
+    (r"/spawn-pending/([^/]+)/([^/]+)", GPULabSpawnPendingHandler),
+]

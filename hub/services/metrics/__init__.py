@@ -1,0 +1,1 @@
+"""The ``gpulab-metrics`` hub service: servers push GPU figures, admins read them and alerts."""

@@ -1,0 +1,5 @@
+"""python -m gpulab.hub.services.metrics"""
+
+from gpulab.hub.services.metrics.service import main
+
+main()

@@ -1,0 +1,500 @@
+"""gpulab-metrics: a JupyterHub managed service that aggregates the GPU figures of all servers.
+
+Servers push: every server's GPU monitor (jupyterlab-gpulab) POSTs its Prometheus exposition to
+<service URL>/api/push/<user>[/<server>] every $GPULAB_METRICS_PUSH_INTERVAL_SECONDS with the
+server's own JUPYTERHUB_API_TOKEN (hub/services/metrics/push.py says who may report for what). The
+service calls no user server, so its role holds no access:servers and no proxy scope: a token
+that reaches a user's server is never worth more than that user's access. Every
+listing_interval_seconds it lists the running servers (hub API), forgets those that stopped and
+marks down those whose pushes went stale; it evaluates the admin's alert rules (gpulab's rule
+language) per GPU as pushes arrive, and serves under its prefix (/services/gpulab-metrics/):
+
+- metrics      Prometheus text: every pushed gpulab_* series (labels user, server, gpu),
+               gpulab_scrape_up{user,server}, hub-side alerts and the service's own figures;
+- api/servers  JSON: per server its latest figures per GPU and its firing alerts;
+- api/alerts   JSON: firing hub-side alerts, and idle_gpu_servers (every GPU IDLE_GPU).
+
+All three need an admin, or a token with admin:servers (metrics also accepts read:metrics).
+The push endpoint is outside the prefix on purpose: the proxy never routes it, so a push never
+passes the proxy, whose activity tracking would keep idle servers from being culled.
+Run by the hub: `python -m gpulab.hub.services.metrics.service` (JUPYTERHUB_* environment). Options are
+traitlets (`--MetricsService.listing_interval_seconds=5`, or a config file named by
+$GPULAB_METRICS_CONFIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.utils import url_path_join
+from prometheus_client import CONTENT_TYPE_LATEST
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from traitlets import Float, Integer, TraitError, Unicode, default, validate
+from traitlets.config import Application
+from traitlets.config.loader import PyFileConfigLoader
+
+from gpulab.hub.alerts import RuleError, parse_rules
+
+from gpulab.hub.services.metrics.aggregate import Aggregate
+from gpulab.hub.services.metrics.exposition import exposition
+from gpulab.hub.services.metrics.listing import Target, list_targets, server_runs
+from gpulab.hub.metrics_names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_PATH
+from gpulab.hub.services.metrics.push import PushRefused, authorize_push, push_result
+
+DEFAULT_RULES = 'IF gpu_utilization < 5% FOR 30m THEN alert("IDLE_GPU", severity="warning")'
+
+
+class MetricsService(Application):
+    name = "gpulab-metrics"
+    description = __doc__
+
+    listing_interval_seconds = Float(
+        15.0,
+        config=True,
+        help="""Seconds between two listings of the running servers (hub API): servers that
+        stopped are forgotten (their alerts resolve), servers whose pushes are stale are down.""",
+    )
+    push_interval_seconds = Float(
+        config=True,
+        help="""Seconds between two pushes of one server, as the hub tells the servers
+        ($GPULAB_METRICS_PUSH_INTERVAL_SECONDS, set by hub/jupyterhub_config.py; default 15).""",
+    )
+    stale_after_seconds = Float(
+        config=True,
+        help="""A server whose last push is older than this is down and its figures leave the
+        exposition. Default: 3 x push_interval_seconds.""",
+    )
+    min_push_interval_seconds = Float(
+        config=True,
+        help="""A server's pushes closer together than this are refused with 429 (a server is
+        user code; it cannot make the service parse without pause). Default: half the push
+        interval, at most 1 s (room for a late push followed by a punctual one).""",
+    )
+    max_push_bytes = Integer(
+        1 << 20,
+        config=True,
+        help="""Largest push body accepted (bytes); larger ones get 413. Bodies over 4 x this
+        are cut off by the HTTP server itself.""",
+    )
+    hub_timeout_seconds = Float(
+        10.0, config=True, help="""Seconds one request to the hub API may take."""
+    )
+    max_series_per_server = Integer(
+        1000,
+        config=True,
+        help="""Series kept from one server's push; more are dropped (a server is user code).""",
+    )
+    rules = Unicode(
+        DEFAULT_RULES,
+        config=True,
+        help="""Alert rules evaluated over every pushed GPU, in gpulab's rule language, one per
+        line, e.g. IF gpu_utilization < 5% FOR 30m THEN alert("IDLE_GPU", severity="warning").""",
+    )
+    idle_alert = Unicode(
+        "IDLE_GPU",
+        config=True,
+        help="""The alert whose firing on every GPU of a server puts it in api/alerts'
+        idle_gpu_servers (what GPU-aware culling reads).""",
+    )
+    max_gap_seconds = Float(
+        None,
+        allow_none=True,
+        config=True,
+        help="""Longest pause between two pushes of a GPU that keeps FOR timers running.
+        None: 3 x the push spacing, at least 30 s.""",
+    )
+    config_file = Unicode(
+        config=True, help="""A Python config file to load (default: $GPULAB_METRICS_CONFIG)."""
+    )
+
+    @default("log_level")
+    def _default_log_level(self) -> int:
+        return logging.INFO
+
+    @default("push_interval_seconds")
+    def _default_push_interval(self) -> float:
+        raw = os.environ.get(PUSH_INTERVAL_ENV, "")
+        try:
+            return float(raw) if raw else DEFAULT_PUSH_INTERVAL_SECONDS
+        except ValueError:
+            raise TraitError(f"${PUSH_INTERVAL_ENV}={raw!r} is not a number of seconds") from None
+
+    @default("min_push_interval_seconds")
+    def _default_min_push_interval(self) -> float:
+        return min(1.0, self.push_interval_seconds / 2)
+
+    @default("stale_after_seconds")
+    def _default_stale_after(self) -> float:
+        return 3 * self.push_interval_seconds
+
+    @default("config_file")
+    def _default_config_file(self) -> str:
+        return os.environ.get("GPULAB_METRICS_CONFIG", "")
+
+    @validate(
+        "listing_interval_seconds",
+        "push_interval_seconds",
+        "stale_after_seconds",
+        "hub_timeout_seconds",
+    )
+    def _positive(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if not value > 0:
+            name = proposal["trait"].name
+            raise TraitError(f"MetricsService.{name} must be more than 0 seconds, not {value!r}")
+        return value
+
+    @validate("min_push_interval_seconds")
+    def _not_negative(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if not value >= 0:
+            raise TraitError(
+                f"MetricsService.min_push_interval_seconds must be >= 0, not {value!r}"
+            )
+        return value
+
+    @validate("max_series_per_server", "max_push_bytes")
+    def _at_least_one(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if value < 1:
+            raise TraitError(
+                f"MetricsService.{proposal['trait'].name} must be at least 1, not {value}"
+            )
+        return value
+
+    @validate("rules")
+    def _valid_rules(self, proposal: Any) -> str:
+        try:
+            parse_rules(proposal["value"])
+        except RuleError as e:
+            raise TraitError(f"MetricsService.rules: {e}") from None
+        return str(proposal["value"])
+
+    aliases = {"config": "MetricsService.config_file"}
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        self.config_error = ""
+        super().initialize(argv)  # the command line is the hub's config: its errors are fatal
+        try:
+            if self.config_file:
+                path = Path(self.config_file)
+                config = PyFileConfigLoader(path.name, str(path.parent), log=self.log).load_config()
+                self.update_config(config)
+        except Exception as e:
+            # exiting would only make the hub restart us in a loop: run, and say what is wrong
+            self.config_error = f"{e} (the option keeps its default until the config is fixed)"
+            self.log.error("gpulab-metrics: bad configuration: %s", self.config_error)
+        self.aggregate = Aggregate(
+            parse_rules(self.rules), self.idle_alert, max_gap_seconds=self.max_gap_seconds
+        )
+        self.aggregate.config_error = self.config_error
+        self.api_url = os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+        self.api_token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab-metrics/")
+        self.service_url = os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8002")
+        self.client: AsyncHTTPClient | None = None  # made on the running loop
+
+    def http_client(self) -> AsyncHTTPClient:
+        if self.client is None:
+            self.client = AsyncHTTPClient(force_instance=True, max_body_size=64 << 20)
+        return self.client
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def cycle(self) -> None:
+        """One listing: which servers run; the stopped ones are forgotten, stale ones down."""
+        agg, start = self.aggregate, time.monotonic()
+        try:
+            targets = await list_targets(
+                self.http_client(), self.api_url, self.api_token, self.hub_timeout_seconds
+            )
+        except Exception as e:  # keep the last known servers: a hub restart is not a stop
+            if not agg.hub_error:
+                self.log.warning("gpulab-metrics: listing servers failed: %s", e)
+            agg.hub_error = f"listing servers failed: {e}"
+        else:
+            if agg.hub_error:
+                self.log.info("gpulab-metrics: the hub answers again")
+            agg.hub_error = ""
+            agg.set_targets(targets, time.time())
+        agg.expire(time.time(), self.stale_after_seconds)
+        agg.cycles += 1
+        agg.last_cycle = time.time()
+        agg.last_cycle_seconds = time.monotonic() - start
+
+    async def run_loop(self) -> None:
+        while True:
+            start = time.monotonic()
+            try:
+                await self.cycle()
+            except Exception:  # never let one bad cycle end the service
+                self.log.exception("gpulab-metrics: listing cycle failed")
+            await asyncio.sleep(
+                max(0.0, self.listing_interval_seconds - (time.monotonic() - start))
+            )
+
+    async def accept_push(
+        self, identity: dict[str, Any] | None, target: Target, body: bytes
+    ) -> int:
+        """Check, parse and record one push; returns how many series it kept. Raises PushRefused
+        (nothing is recorded then)."""
+        agg = self.aggregate
+        authorize_push(identity, target)
+        if len(body) > self.max_push_bytes:
+            raise PushRefused(
+                413,
+                f"a push of {len(body)} bytes is over MetricsService.max_push_bytes"
+                f" ({self.max_push_bytes})",
+            )
+        state = agg.servers.get(target.key)
+        if state is None:  # started since the last listing, or not running at all: ask the hub
+            try:
+                runs = await server_runs(
+                    self.http_client(),
+                    self.api_url,
+                    self.api_token,
+                    self.hub_timeout_seconds,
+                    target,
+                )
+            except Exception as e:
+                raise PushRefused(503, f"the hub did not answer ({e}); push again later") from None
+            if not runs:
+                raise PushRefused(
+                    403,
+                    f"{target.user!r} has no running server {target.server or '(default)'!r}",
+                )
+        now = time.time()
+        if state is not None and state.last_push is not None:
+            wait = self.min_push_interval_seconds - (now - state.last_push)
+            if wait > 0:
+                raise PushRefused(
+                    429,
+                    f"pushed {now - state.last_push:.2f} s ago; at most one push per"
+                    f" {self.min_push_interval_seconds:g} s (MetricsService.min_push_interval_seconds)",
+                )
+        try:
+            text = body.decode("utf-8")
+            # pure-Python parsing of up to max_push_bytes: off the event loop
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, push_result, text, target, now, self.max_series_per_server
+            )
+        except (UnicodeDecodeError, ValueError) as e:
+            raise PushRefused(400, f"not a Prometheus text exposition: {str(e)[:200]}") from None
+        if result.dropped_series:
+            self.log.warning(
+                "gpulab-metrics: %s pushed more than %d series; %d dropped",
+                target.key,
+                self.max_series_per_server,
+                result.dropped_series,
+            )
+        if target.key not in agg.servers:
+            agg.add_target(target, now)
+        agg.add_push(result)
+        return sum(len(f.series) for f in result.families)
+
+    # -- the web app ---------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        hub_auth = HubOAuth(api_url=self.api_url, api_token=self.api_token, cache_max_age=60)
+        prefix = self.prefix
+        settings = {
+            "aggregate": self.aggregate,
+            "service": self,
+            "hub_auth": hub_auth,
+            "cookie_secret": secrets.token_bytes(32),
+            "static_path": None,
+        }
+        return web.Application(
+            [
+                (prefix, IndexHandler),
+                (url_path_join(prefix, "oauth_callback"), OAuthCallbackHandler),
+                (url_path_join(prefix, "metrics"), MetricsHandler),
+                (url_path_join(prefix, "api/servers"), ServersHandler),
+                (url_path_join(prefix, "api/alerts"), AlertsHandler),
+                # outside the prefix: the proxy routes only the prefix here, so pushes come
+                # straight from the servers and are never seen by the proxy
+                (rf"/{PUSH_PATH.strip('/')}/([^/]+)(?:/([^/]*))?", PushHandler),
+            ],
+            **settings,
+        )
+
+    def start(self) -> None:
+        if not self.api_token:
+            self.log.error(
+                "gpulab-metrics needs $JUPYTERHUB_API_TOKEN: run it as a JupyterHub service"
+            )
+            sys.exit(1)
+        asyncio.run(self.serve())
+
+    async def serve(self) -> None:
+        """Listen on $JUPYTERHUB_SERVICE_URL and list servers until the process ends."""
+        url = urlparse(self.service_url)
+        server = HTTPServer(self.make_app(), xheaders=True, max_body_size=4 * self.max_push_bytes)
+        server.listen(url.port or 80, url.hostname or "127.0.0.1")
+        self.log.info(
+            "gpulab-metrics on %s%s: servers push every %.0f s to %s/%s, rules: %s",
+            self.service_url,
+            self.prefix,
+            self.push_interval_seconds,
+            self.service_url.rstrip("/"),
+            PUSH_PATH.strip("/"),
+            "; ".join(r.to_text() for r in self.aggregate.rules) or "none",
+        )
+        try:
+            await self.run_loop()
+        finally:
+            server.stop()
+            if self.client is not None:
+                self.client.close()
+
+
+class JSONErrors(web.RequestHandler):
+    """Errors as {"status", "message"}, the message being the HTTPError's sentence."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        reason = self._reason
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            reason = exc.log_message
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status_code, "message": reason}))
+
+
+class PushHandler(JSONErrors):
+    """POST /api/push/<user>[/<server>]: one server's exposition, with that server's token.
+
+    Only the Authorization header is read (no cookie: a browser page cannot push for its
+    visitor), and the hub says whose token it is; HubAuth caches that answer for a minute."""
+
+    async def post(self, user: str, server: str | None) -> None:
+        service: MetricsService = self.settings["service"]
+        hub_auth: HubOAuth = self.settings["hub_auth"]
+        target = Target(user, server or "")
+        match = hub_auth.auth_header_pat.match(self.request.headers.get("Authorization", ""))
+        try:
+            if not match:
+                raise PushRefused(
+                    401, "a push needs its server's hub token (Authorization: token <token>)"
+                )
+            try:
+                identity = await hub_auth.user_for_token(match.group(1), sync=False)
+            except web.HTTPError as e:  # HubAuth's own 5xx: the hub is down or refused us
+                raise PushRefused(
+                    503, f"the hub did not identify the token ({e.log_message})"
+                ) from None
+            kept = await service.accept_push(identity, target, self.request.body)
+        except PushRefused as e:
+            service.aggregate.push_refusals_total += 1
+            raise web.HTTPError(e.status, e.message) from None
+        self.set_status(202)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"user": target.user, "server": target.server, "series": kept}))
+
+
+class ServiceHandler(HubOAuthenticated, JSONErrors):
+    """Identifies the caller with the hub (token or OAuth cookie), then checks admin rights."""
+
+    hub_scopes = None  # any hub identity is identified; the handler decides what it may see
+    allowed_scopes = frozenset({"admin:servers"})
+
+    @property
+    def hub_auth(self) -> HubOAuth:
+        auth: HubOAuth = self.settings["hub_auth"]
+        return auth
+
+    @property
+    def aggregate(self) -> Aggregate:
+        agg: Aggregate = self.settings["aggregate"]
+        return agg
+
+    async def prepare(self) -> None:
+        model = await self.hub_auth.get_user(self, sync=False)
+        if not model:
+            raise web.HTTPError(
+                403,
+                "gpulab-metrics needs an admin's hub token (Authorization: token <token>)"
+                " or a token with admin:servers",
+            )
+        scopes = set(model.get("scopes") or [])
+        # A token is judged by its scopes (an admin's token scoped down to less is not an admin's
+        # token); a browser session after the hub's OAuth login by the user's admin flag.
+        via_token = bool(self.hub_auth.get_token(self, in_cookie=False))
+        admin_session = bool(model.get("admin")) and not via_token
+        if not (admin_session or scopes & self.allowed_scopes):
+            kind, name = model.get("kind", "user"), model.get("name", "?")
+            needs = " or ".join(sorted(self.allowed_scopes))
+            raise web.HTTPError(403, f"{kind} {name!r} is not an admin and has no {needs} scope")
+        self.current_user = model
+
+    def write_json(self, body: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))
+
+
+class OAuthCallbackHandler(HubOAuthCallbackHandler):
+    @property
+    def hub_auth(self) -> HubOAuth:
+        auth: HubOAuth = self.settings["hub_auth"]
+        return auth
+
+
+class IndexHandler(ServiceHandler):
+    async def prepare(self) -> None:
+        # a browser without a session is sent through the hub's OAuth login first
+        if not await self.hub_auth.get_user(self, sync=False):
+            self.redirect(self.get_login_url())
+            return
+        await super().prepare()
+
+    def get(self) -> None:
+        service: MetricsService = self.settings["service"]
+        self.write_json(
+            {
+                "service": "gpulab-metrics",
+                "endpoints": ["metrics", "api/servers", "api/alerts"],
+                "push_interval_seconds": service.push_interval_seconds,
+                "listing_interval_seconds": service.listing_interval_seconds,
+                "rules": [r.to_text() for r in self.aggregate.rules],
+            }
+        )
+
+
+class MetricsHandler(ServiceHandler):
+    allowed_scopes = frozenset({"admin:servers", "read:metrics"})
+
+    def get(self) -> None:
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(exposition(self.aggregate))
+
+
+class ServersHandler(ServiceHandler):
+    def get(self) -> None:
+        self.write_json(self.aggregate.servers_payload())
+
+
+class AlertsHandler(ServiceHandler):
+    def get(self) -> None:
+        self.write_json(self.aggregate.alerts_payload())
+
+
+def main(argv: list[str] | None = None) -> None:
+    # the hub stopping its services (SIGINT) is a normal end, not a traceback in its log
+    with contextlib.suppress(KeyboardInterrupt):
+        MetricsService.launch_instance(argv)
+
+
+if __name__ == "__main__":
+    main()

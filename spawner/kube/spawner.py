@@ -1,0 +1,668 @@
+"""GPUKubeSpawner: KubeSpawner with gpulab's profiles, quotas, allocator and preemption.
+
+The shared mixin resolves the profile and checks it against the user's groups; this module maps
+the placement to the pod (resources of the configured sharing backend, node affinity, priority
+class, tolerations, annotations), keeps the allocator current from watches of the cluster, evicts
+preemptible servers for on-demand ones, and notices servers lost with their node. Workspaces
+(home PVC per server, its VolumeSnapshots, restore, clone, kernel restore after a preemption or
+a lost node) come from `kube_workspace.KubeWorkspaceMixin`.
+Upstream `profile_list` keeps working unchanged: with it set, this is plain KubeSpawner.
+
+Tenant isolation (issue 12), on by default whatever the profiles: every server runs as a fixed
+non-root uid/gid with `runAsNonRoot`, no privilege escalation, no capabilities and the runtime's
+seccomp profile; the namespace gets the `gpulab-singleuser` NetworkPolicy (`kube_isolation`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, ClassVar
+from urllib.parse import urlparse
+
+from kubernetes_asyncio.client import NetworkingV1Api, V1DeleteOptions
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubespawner import KubeSpawner
+from tornado import web
+from traitlets import Bool, Callable, Dict, Float, Integer, List, Unicode, Union, default, validate
+
+from gpulab.hub.allocator import NoCapacity, Placement, QuotaExceeded
+from gpulab.hub.inventory import KNOWN_MODELS
+from gpulab.hub.metrics_names import PUSH_URL_ENV
+from gpulab.hub.profiles import Profile
+from gpulab.spawner.environment import AssignedGPU, Enforcement
+from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
+from gpulab.spawner.kube.isolation import (
+    CLOUD_METADATA_IP,
+    container_security_context,
+    pod_security_context,
+    seccomp_profile,
+    singleuser_network_policy,
+)
+from gpulab.spawner.kube.resources import (
+    AFFINITY_LABEL,
+    ISOLATION,
+    SHARING_BACKENDS,
+    gpu_spec,
+    related_pod_affinity,
+    safe_label_value,
+)
+from gpulab.spawner.kube.state import (
+    PLACEMENT_ANNOTATION,
+    KubeGPUState,
+    ensure_kube_state,
+    placement_annotation,
+    placement_from_pod,
+)
+from gpulab.spawner.workspaces.kube import NODE_LOST, PREEMPTED, KubeWorkspaceMixin
+
+
+class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
+    """One pod per server, with a whole GPU or a share of one, placed by gpulab's allocator, and
+    a home PVC that is snapshotted on every stop."""
+
+    gpu_sharing = Unicode(
+        "mig",
+        config=True,
+        help="""How a fraction of a GPU is enforced on Kubernetes: 'mig' (a MIG slice, hardware
+        isolation; needs MIG-partitioned GPUs), 'hami' (HAMi's memory/compute limits) or
+        'time-slicing' (NVIDIA device plugin replicas, no isolation). Each states its isolation
+        level in the profile picker.""",
+    )
+
+    @validate("gpu_sharing")
+    def _check_sharing(self, proposal: Any) -> str:
+        if proposal["value"] not in SHARING_BACKENDS:
+            raise ValueError(
+                f"GPUKubeSpawner.gpu_sharing must be one of {list(SHARING_BACKENDS)}, "
+                f"not {proposal['value']!r}"
+            )
+        return str(proposal["value"])
+
+    priority_classes = Dict(
+        {"on-demand": ["gpulab-on-demand", 1000], "preemptible": ["gpulab-preemptible", 100]},
+        config=True,
+        help="""PriorityClass [name, value] per profile priority; gpulab creates missing ones.
+        Preemptible servers are the ones evicted for on-demand work.""",
+    )
+
+    node_failure_seconds = Float(
+        30.0,
+        config=True,
+        help="""How long the node of a running server may be NotReady (or gone) before the server
+        counts as lost: its pod is force-deleted and its GPU share released, instead of showing as
+        running until Kubernetes evicts it minutes later.""",
+    )
+
+    affinity_group_template = Unicode(
+        "{username}",
+        config=True,
+        help="""Servers with the same expanded value are related: gpulab places them in one rack
+        when it can and asks the scheduler for the same (pod affinity on the rack, then the zone).
+        The default groups each user's servers; empty turns it off.""",
+    )
+
+    @property
+    def gpulab_affinity_group(self) -> str | None:  # type: ignore[override]
+        if not self.affinity_group_template:
+            return None
+        return self.affinity_group_template.format(username=self.user.name, servername=self.name)
+
+    # -- tenant isolation: who the server runs as, what it may do, whom it may reach ----------
+
+    uid = Union(
+        [Integer(), Callable()],
+        default_value=1000,
+        allow_none=True,
+        config=True,
+        help="""The uid the server container runs as (runAsUser). gpulab's default is 1000, the
+        jovyan user of the Jupyter docker-stacks images; every user's pod runs as this uid, and
+        pods are kept apart by the container runtime and the NetworkPolicy, not by uids. None:
+        the image's USER (then `run_as_non_root` refuses an image that runs as root).""",
+    )
+    gid = Union(
+        [Integer(), Callable()],
+        default_value=100,
+        allow_none=True,
+        config=True,
+        help="""The primary gid of the server container (runAsGroup); gpulab's default 100, the
+        `users` group of the docker-stacks images.""",
+    )
+    fs_gid = Union(
+        [Integer(), Callable()],
+        default_value=100,
+        allow_none=True,
+        config=True,
+        help="""fsGroup of the pod: volumes (the home PVC, the checkpoint key Secret) are
+        group-owned by it, so the non-root server can write its home and read its key. gpulab's
+        default 100, as `gid`.""",
+    )
+    run_as_non_root = Bool(
+        True,
+        config=True,
+        help="""Set runAsNonRoot on the pod and the server container: the kubelet refuses to start
+        a container that would run as uid 0 (CreateContainerConfigError). Turn off only for an
+        image that must start as root.""",
+    )
+    seccomp_profile = Unicode(
+        "RuntimeDefault",
+        config=True,
+        help="""seccompProfile of the pod and server container: RuntimeDefault (the container
+        runtime's default syscall filter), Localhost/<file> or Unconfined.""",
+    )
+    drop_capabilities = List(
+        Unicode(),
+        ["ALL"],
+        config=True,
+        help="""Linux capabilities dropped from the server container (securityContext.capabilities
+        .drop). A notebook server needs none.""",
+    )
+
+    @validate("seccomp_profile")
+    def _check_seccomp(self, proposal: Any) -> str:
+        try:
+            seccomp_profile(proposal["value"])
+        except ValueError as e:
+            raise ValueError(f"GPUKubeSpawner.seccomp_profile: {e}") from None
+        return str(proposal["value"])
+
+    @validate("uid", "run_as_non_root")
+    def _check_non_root(self, proposal: Any) -> Any:
+        # config loading holds cross-validation until every option is set: both orders work
+        uid = proposal["value"] if proposal["trait"].name == "uid" else self.uid
+        non_root = (
+            proposal["value"]
+            if proposal["trait"].name == "run_as_non_root"
+            else self.run_as_non_root
+        )
+        if non_root and isinstance(uid, int) and uid == 0:
+            raise ValueError(
+                "GPUKubeSpawner.uid = 0 contradicts GPUKubeSpawner.run_as_non_root = True: the "
+                "kubelet would refuse to start every server; use a non-root uid (e.g. 1000)"
+            )
+        return proposal["value"]
+
+    @default("pod_security_context")
+    def _default_pod_security_context(self) -> dict[str, Any]:
+        return pod_security_context(
+            run_as_non_root=self.run_as_non_root, seccomp=self.seccomp_profile
+        )
+
+    @default("container_security_context")
+    def _default_container_security_context(self) -> dict[str, Any]:
+        return container_security_context(
+            run_as_non_root=self.run_as_non_root,
+            seccomp=self.seccomp_profile,
+            drop_capabilities=self.drop_capabilities,
+        )
+
+    network_policy = Bool(
+        True,
+        config=True,
+        help="""Create (and keep up to date) the NetworkPolicy `network_policy_name` in each
+        server namespace: servers accept connections only from the hub, the proxy and the metrics
+        scraper, and reach only the hub API, DNS and (`network_policy_allow_internet`) the
+        internet without private ranges and the cloud metadata address. Off when a Helm chart
+        ships the same policy; a spawn fails rather than start a server the policy does not
+        cover when the hub may not write NetworkPolicies.""",
+    )
+    network_policy_name = Unicode(
+        "gpulab-singleuser", config=True, help="Name of the servers' NetworkPolicy."
+    )
+    network_policy_hub_labels = Dict(
+        {"app": "jupyterhub", "component": "hub"},
+        config=True,
+        help="""Labels of the hub pod, the one destination servers may reach on the hub API port.
+        The hub, proxy and metrics pods also need the label
+        `hub.jupyter.org/network-access-singleuser: "true"` to reach the servers.""",
+    )
+    network_policy_hub_cidrs = List(
+        Unicode(),
+        [],
+        config=True,
+        help="""CIDRs of a hub and proxy running outside the cluster (e.g. ['10.0.0.5/32']):
+        allowed to connect to the servers, and the servers to their hub API port.""",
+    )
+    network_policy_allow_internet = Bool(
+        True,
+        config=True,
+        help="""Let servers reach non-private addresses (pip, conda, datasets). Private ranges
+        and `cloud_metadata_ip` stay blocked either way.""",
+    )
+    cloud_metadata_ip = Unicode(
+        CLOUD_METADATA_IP,
+        config=True,
+        help="""The cloud's instance metadata address, never reachable from a server (it hands
+        out the node's credentials to anything that asks).""",
+    )
+
+    _network_policies_ready: ClassVar[set[tuple[str, str]]] = set()
+
+    def network_policy_manifest(self) -> dict[str, Any]:
+        pod_selector = {"component": self.component_label}
+        if "app" in self.common_labels:
+            pod_selector["app"] = self.common_labels["app"]
+        return singleuser_network_policy(
+            self.network_policy_name,
+            pod_selector=pod_selector,
+            server_port=int(self.port or 8888),
+            hub_selector=self.network_policy_hub_labels,
+            hub_ports=self._hub_ports(),
+            hub_cidrs=self.network_policy_hub_cidrs,
+            allow_internet=self.network_policy_allow_internet,
+            cloud_metadata_ip=self.cloud_metadata_ip,
+            labels={"app.kubernetes.io/managed-by": "gpulab", "component": "gpulab-network-policy"},
+        )
+
+    def _hub_ports(self) -> list[int]:
+        """The hub API's port, and the metrics service's where servers push their figures."""
+        ports = [urlparse(self.hub.api_url).port or 8081]
+        push = self.environment.get(PUSH_URL_ENV) if isinstance(self.environment, dict) else None
+        if isinstance(push, str) and push:
+            parsed = urlparse(push)
+            ports.append(parsed.port or (443 if parsed.scheme == "https" else 80))
+        return ports
+
+    async def ensure_network_policy(self) -> None:
+        """The servers' NetworkPolicy exists in this namespace as configured (once per hub
+        process and namespace; a changed policy is replaced)."""
+        if not self.network_policy:
+            return
+        key = (self.namespace, self.network_policy_name)
+        if key in self._network_policies_ready:
+            return
+        api = NetworkingV1Api(self.api.api_client)
+        body = self.network_policy_manifest()
+        try:
+            try:
+                current = await api.read_namespaced_network_policy(
+                    self.network_policy_name, self.namespace
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                try:
+                    await api.create_namespaced_network_policy(self.namespace, body)
+                except ApiException as e:
+                    if e.status != 409:  # another spawn created it meanwhile
+                        raise
+            else:
+                spec = self.api.api_client.sanitize_for_serialization(current.spec)
+                if spec != body["spec"]:
+                    await api.replace_namespaced_network_policy(
+                        self.network_policy_name, self.namespace, body
+                    )
+        except ApiException as e:
+            raise web.HTTPError(
+                500,
+                f"Cannot create the NetworkPolicy {self.namespace}/{self.network_policy_name} "
+                f"({e.status} {e.reason}); the hub needs create/update on networkpolicies, or set "
+                "GPUKubeSpawner.network_policy = False where a chart ships the policy",
+            ) from None
+        self._network_policies_ready.add(key)
+
+    @default("delete_grace_period")
+    def _default_grace(self) -> int:
+        # long enough for the kernel-state checkpoint to be written on SIGTERM
+        return 60
+
+    # workspaces: one home PVC per server (KubeSpawner's storage options, gpulab's defaults)
+    @default("pvc_name_template")
+    def _default_pvc_name_template(self) -> str:
+        return "gpulab-home-{user_server}"
+
+    @default("storage_pvc_ensure")
+    def _default_storage_pvc_ensure(self) -> bool:
+        return bool(self.checkpoints and not self.profile_list)
+
+    @default("storage_capacity")
+    def _default_storage_capacity(self) -> str:
+        return "10Gi"
+
+    prestop_command = List(
+        ["python3", "-m", "gpulab.spawner.singleuser.prestop"],
+        config=True,
+        help="""preStop hook of server pods (the image must have gpulab installed): it makes this
+        server's kernels write their final checkpoint before Kubernetes stops the server. It gets
+        `--timeout <delete_grace_period - 5>`. Empty: no hook.""",
+    )
+
+    @default("lifecycle_hooks")
+    def _default_lifecycle_hooks(self) -> dict[str, Any]:
+        if not self.prestop_command:
+            return {}
+        timeout = max(1, self.delete_grace_period - 5)
+        command = [*self.prestop_command, "--timeout", str(timeout)]
+        return {"preStop": {"exec": {"command": command}}}
+
+    _priority_classes_ready: ClassVar[bool] = False
+
+    # -- configuration glue --------------------------------------------------------------------
+
+    @default("options_form")
+    def _gpulab_kube_options_form(self) -> Any:
+        if self.profile_list:
+            return KubeSpawner._options_form_default(self)
+        return self.gpulab_options_form
+
+    @default("options_from_form")
+    def _gpulab_kube_options_from_form(self) -> Any:
+        if self.profile_list:
+            return self._options_from_form
+        return self.gpulab_options_from_form
+
+    def gpulab_apply_user_options(self, user_options: Any) -> None:
+        if self.profile_list:
+            return  # upstream profile_list: KubeSpawner validates in load_user_options
+        super().gpulab_apply_user_options(user_options)
+
+    def describe_enforcement(self, gpus: list[AssignedGPU]) -> Enforcement:
+        if not gpus:
+            return Enforcement("cpu-only", ISOLATION["cpu"])
+        if all(g.milli == 1000 for g in gpus):
+            return Enforcement("exclusive", ISOLATION["whole"])
+        return Enforcement(self.gpu_sharing, ISOLATION[self.gpu_sharing])
+
+    # -- cluster state -------------------------------------------------------------------------
+
+    async def gpu_state(self) -> KubeGPUState:
+        state = await ensure_kube_state(self.gpu_capacity)
+        cls = type(self)
+        if not cls._priority_classes_ready:
+            await self._ensure_priority_classes()
+            cls._priority_classes_ready = True
+        return state
+
+    async def _ensure_priority_classes(self) -> None:
+        from kubernetes_asyncio.client import SchedulingV1Api, V1ObjectMeta, V1PriorityClass
+
+        api = SchedulingV1Api(self.api.api_client)
+        for priority, (name, value) in self.priority_classes.items():
+            body = V1PriorityClass(
+                metadata=V1ObjectMeta(name=name, labels={"app.kubernetes.io/managed-by": "gpulab"}),
+                value=int(value),
+                global_default=False,
+                description=f"gpulab {priority} servers",
+            )
+            try:
+                await api.create_priority_class(body)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def _gpu_memory_mib(self, placement: Placement) -> int:
+        if not placement.gpus:
+            return 0
+        gpu = self.gpu_capacity.gpu_by_uuid(placement.gpus[0].uuid)
+        if gpu.memory_mib:
+            return int(gpu.memory_mib)
+        known = KNOWN_MODELS.get(gpu.model)
+        if known is None:
+            raise web.HTTPError(
+                409, f"GPU model {gpu.model!r} of node {placement.node} has no known memory size"
+            )
+        return known.memory_mib
+
+    async def _place(self, profile: Profile) -> Placement:
+        """Allocate, evicting preemptible servers when an on-demand request does not fit."""
+        capacity = self.gpu_capacity
+        request = self.gpulab_request(profile)
+        try:
+            return await self.gpulab_allocate(profile)
+        except web.HTTPError as e:
+            if (
+                e.status_code != 409
+                or profile.priority != "on-demand"
+                or not capacity.fits_inventory(profile)  # no eviction makes room for that
+            ):
+                raise
+        try:
+            placement, victims = await asyncio.to_thread(
+                capacity.allocator.preempt_and_place, request
+            )
+        except (NoCapacity, QuotaExceeded):
+            raise web.HTTPError(
+                409,
+                f"Profile {profile.display_name!r} cannot start now: no GPUs are free and no "
+                "preemptible server can make room",
+            ) from None
+        for victim in victims:
+            await self._evict(victim, reason=f"preempted for on-demand server {request.id}")
+        self.gpulab_placement = placement
+        return placement
+
+    async def _evict(self, victim: Placement, reason: str) -> None:
+        state = await self.gpu_state()
+        message = (
+            f"Your server {victim.request.id} was stopped at {time.strftime('%H:%M')}: {reason}"
+        )
+        self.gpu_capacity.record_event(victim.request.id, "preempted", message)
+        self.gpu_capacity.record_notice(victim.request.owner, message)
+        for key, pod in list(state.pods.objects.items()):
+            held = placement_from_pod(pod)
+            if held is None or held.request.id != victim.request.id:
+                continue
+            namespace, name = key.split("/", 1)
+            grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+            self.log.warning("Evicting %s (%s): %s", key, victim.request.id, reason)
+            await self._record_pod_event(pod, "Preempted", reason)
+            try:
+                await self.api.delete_namespaced_pod(
+                    name, namespace, body=V1DeleteOptions(grace_period_seconds=grace)
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+    async def _record_pod_event(self, pod: dict[str, Any], reason: str, message: str) -> None:
+        from kubernetes_asyncio.client import (
+            CoreV1Event,
+            V1EventSource,
+            V1ObjectMeta,
+            V1ObjectReference,
+        )
+
+        meta = pod["metadata"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = CoreV1Event(
+            metadata=V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+            involved_object=V1ObjectReference(
+                kind="Pod", name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid")
+            ),
+            reason=reason,
+            message=message,
+            type="Warning",
+            source=V1EventSource(component="gpulab"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            await self.api.create_namespaced_event(meta["namespace"], event)
+        except ApiException as e:
+            self.log.warning("could not record event on %s: %s", meta["name"], e)
+
+    def _apply_placement(self, profile: Profile, placement: Placement) -> None:
+        spec = gpu_spec(
+            num_gpu=profile.num_gpu,
+            gpu_milli=profile.gpu_milli,
+            gpu_models=profile.gpu_models,
+            gpu_memory_mib=self._gpu_memory_mib(placement),
+            sharing=self.gpu_sharing,
+            priority=profile.priority,
+            node_name=placement.node,
+            priority_classes={p: v[0] for p, v in self.priority_classes.items()},
+        )
+        self.extra_resource_limits = {**self.extra_resource_limits, **spec.limits}
+        self.extra_resource_guarantees = {**self.extra_resource_guarantees, **spec.limits}
+        self.node_affinity_required = [
+            *self._sorted_dict_values(self.node_affinity_required),
+            *spec.node_affinity_required,
+        ]
+        self.tolerations = [*self._sorted_dict_values(self.tolerations), *spec.tolerations]
+        self.priority_class_name = spec.priority_class_name
+        if profile.cpu_limit:
+            self.cpu_limit = self.cpu_guarantee = profile.cpu_limit
+        if profile.mem_limit_mib:
+            self.mem_limit = self.mem_guarantee = profile.mem_limit_mib * 1024 * 1024
+        self.extra_annotations = {
+            **self.extra_annotations,
+            # KubeSpawner expands {templates} in annotations: escape the JSON's braces
+            PLACEMENT_ANNOTATION: placement_annotation(placement)
+            .replace("{", "{{")
+            .replace("}", "}}"),
+        }
+        self.extra_labels = {**self.extra_labels, "gpulab.io/priority": profile.priority}
+        group = self.gpulab_affinity_group
+        if group:
+            self.extra_labels[AFFINITY_LABEL] = safe_label_value(group)
+            self.pod_affinity_preferred = [
+                *self._sorted_dict_values(self.pod_affinity_preferred),
+                *related_pod_affinity(safe_label_value(group)),
+            ]
+        self.environment = {
+            **self.environment,
+            "GPULAB_PROFILE": profile.slug,
+            "GPULAB_ISOLATION": spec.isolation,
+            "GPULAB_GPU_SHARING": self.gpu_sharing if profile.gpu_milli else "",
+        }
+        self.gpulab_enforcement = self.describe_enforcement(
+            [AssignedGPU(s.uuid, "", 0, s.milli) for s in placement.gpus]
+        )
+
+    async def load_user_options(self) -> None:
+        if self.profile_list:
+            await super().load_user_options()
+            return
+        profile = self.gpulab_profile or self.resolve_profile(self.user_options)
+        self.gpulab_profile = profile
+        await self.apply_workspace_options()  # a restore from a snapshot, before any allocation
+        await self.gpu_state()
+        placement = await self._place(profile)
+        self._apply_placement(profile, placement)
+        self.apply_workspace_to_pod()
+
+    def get_env(self) -> dict[str, Any]:
+        env: dict[str, Any] = super().get_env()
+        env.update(self.workspace_env())
+        return env
+
+    def get_args(self) -> list[str]:
+        return [*super().get_args(), *self.workspace_args()]
+
+    async def get_pod_manifest(self) -> Any:
+        await self.ensure_checkpoint_key_secret()  # after KubeSpawner ensured the namespace
+        await self.ensure_network_policy()  # before the pod: it is never up unprotected
+        return self.wrap_container_command(await super().get_pod_manifest())
+
+    async def _start(self) -> Any:
+        try:
+            url = await super()._start()
+        except BaseException:
+            if not self.profile_list:
+                await self.gpulab_release()
+            raise
+        self.workspace_started()
+        self._gpulab_running = True
+        self.start_snapshot_schedule()
+        return url
+
+    # -- running, stopping, lost nodes --------------------------------------------------------
+
+    async def poll(self) -> int | None:
+        status = await super().poll()
+        if self.profile_list:
+            return status
+        state = await self.gpu_state()
+        if status is None:
+            pod = (
+                self.pod_reflector.pods.get(self.pod_reflector_key) if self.pod_reflector else None
+            )
+            node = ((pod or {}).get("spec") or {}).get("nodeName")
+            if node and state.node_failed_for(node) > self.node_failure_seconds:
+                self.log.warning(
+                    "Node %s of %s is lost; removing its pod and releasing its GPUs",
+                    node,
+                    self.pod_name,
+                )
+                self.gpu_capacity.record_notice(
+                    self.user.name, f"Your server {self.allocation_id} was lost with node {node}"
+                )
+                try:
+                    await self.api.delete_namespaced_pod(
+                        self.pod_name, self.namespace, body=V1DeleteOptions(grace_period_seconds=0)
+                    )
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+                await self.gpulab_release()
+                self._gpulab_running = False
+                self.stop_snapshot_schedule()
+                self.workspace_interrupted(NODE_LOST)
+                await self.snapshot_workspace(label=NODE_LOST)
+                return 1
+            self._gpulab_node = node
+            self._gpulab_running = True
+            if self.gpulab_placement is None:
+                self.restore_placement()
+            if not self.snapshot_schedule_running:  # e.g. found running after a hub restart
+                self.start_snapshot_schedule()
+        else:
+            # the pod is gone: stopped, evicted (the allocator already gave its GPUs away) or lost
+            self.stop_snapshot_schedule()
+            was_running, self._gpulab_running = self._gpulab_running, False
+            if self.gpu_capacity.allocator.get(self.allocation_id) is not None:
+                await self.gpulab_release()
+            if was_running and not self._stop_pending:  # a stop takes its own snapshot
+                reason = self._interruption(state)
+                await self.snapshot_workspace(label=reason or "after-exit")
+        return status
+
+    #: a pod of this server ran since the last stop (so its end is worth a snapshot)
+    _gpulab_running: bool = False
+
+    def _interruption(self, state: KubeGPUState) -> str | None:
+        """Whether the server's end was a preemption or its node's failure (then its next start
+        restores the kernels by itself); None for a stop or an exit of its own."""
+        node = self._gpulab_node
+        if self.was_preempted():
+            reason = PREEMPTED
+        elif node and state.node_failed_for(node) > 0:
+            reason = NODE_LOST
+        else:
+            return None
+        self.workspace_interrupted(reason)
+        return reason
+
+    _gpulab_node: str | None = None
+
+    @property
+    def pod_reflector_key(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+    async def stop(self, now: bool = False) -> None:
+        self.stop_snapshot_schedule()
+        try:
+            await super().stop(now=now)
+        finally:
+            if not self.profile_list:
+                await self.gpulab_release()
+        self._gpulab_running = False
+        if self.workspaces_enabled:
+            # the pod is gone: a consistent snapshot of the home (KubeSpawner's poll also calls
+            # stop() for a pod whose server exited, e.g. while it was being preempted)
+            reason = self._interruption(await self.gpu_state())
+            await self.snapshot_workspace(label=reason or "on-stop")
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        state.update(self.workspace_state())
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.load_workspace_state(state)

@@ -1,0 +1,273 @@
+"""The cluster as gpulab's allocator sees it, kept current from watches of Nodes and Pods.
+
+The cluster is the source of truth: each gpulab pod carries its placement in an annotation, so a
+restarted hub rebuilds every allocation from the pods that exist, and a pod that disappears
+(stopped, evicted, lost with its node) gives its share back. GPU pods not made by gpulab are
+counted too, so the picker never offers GPUs another workload holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpulab.hub.allocator import (
+    Allocator,
+    GpuShare,
+    Inventory,
+    MemoryStore,
+    Placement,
+    Request,
+)
+from gpulab.hub.allocator.store import request_from_dict, request_to_dict
+from gpulab.spawner.kube.resources import (
+    GPU_RESOURCE,
+    inventory_from_nodes,
+    node_is_ready,
+    node_is_tainted,
+)
+from gpulab.spawner.kube.reflector import WatchCache, object_key
+
+PLACEMENT_ANNOTATION = "gpulab.io/placement"
+
+
+def placement_annotation(placement: Placement) -> str:
+    return json.dumps(
+        {
+            "request": request_to_dict(placement.request),
+            "node": placement.node,
+            "gpus": [[s.uuid, s.milli] for s in placement.gpus],
+            "created_at": placement.created_at,
+        },
+        sort_keys=True,
+    )
+
+
+def placement_from_pod(pod: dict[str, Any]) -> Placement | None:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+    if not raw:
+        return None
+    data = json.loads(raw)
+    return Placement(
+        request=request_from_dict(data["request"]),
+        node=data["node"],
+        gpus=tuple(GpuShare(u, int(m)) for u, m in data["gpus"]),
+        created_at=float(data["created_at"]),
+    )
+
+
+def _pod_is_live(pod: dict[str, Any]) -> bool:
+    phase = (pod.get("status") or {}).get("phase")
+    return phase not in ("Succeeded", "Failed")
+
+
+def _external_whole_gpus(pod: dict[str, Any]) -> int:
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        total += int(limits.get(GPU_RESOURCE, 0) or 0)
+    return total
+
+
+class KubeGPUState:
+    """Node and pod caches plus the allocator built from them. `attach` hands it to GPUCapacity."""
+
+    def __init__(
+        self,
+        core_api: Any,
+        api_client: Any,
+        *,
+        policy: str,
+        headroom_fraction: float,
+        quota: Any,
+        on_rebuild: Callable[[Allocator, Inventory], None],
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.log = log or logging.getLogger("gpulab.kube")
+        self.policy, self.headroom_fraction, self.quota = policy, headroom_fraction, quota
+        self.on_rebuild = on_rebuild
+        self._node_signature: tuple[Any, ...] = ()
+        self.allocator = Allocator(Inventory([]), policy=policy)
+        self.not_ready_since: dict[str, float] = {}
+        self.nodes = WatchCache(
+            api_client, core_api.list_node, on_change=self._node_changed, log=self.log
+        )
+        self.pods = WatchCache(
+            api_client,
+            core_api.list_pod_for_all_namespaces,
+            on_change=self._pod_changed,
+            log=self.log,
+        )
+
+    def start(self) -> None:
+        self.nodes.start()
+        self.pods.start()
+
+    async def wait_synced(self) -> None:
+        await self.nodes.synced.wait()
+        await self.pods.synced.wait()
+        self._rebuild()
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def _signature(self) -> tuple[Any, ...]:
+        sig = []
+        for key, node in sorted(self.nodes.objects.items()):
+            status = node.get("status") or {}
+            sig.append(
+                (
+                    key,
+                    node_is_ready(node),
+                    json.dumps(status.get("allocatable"), sort_keys=True),
+                    bool((node.get("spec") or {}).get("unschedulable")),
+                    node_is_tainted(node),
+                )
+            )
+        return tuple(sig)
+
+    def _node_changed(self, kind: str, node: dict[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        if kind != "DELETED" and not node_is_ready(node):
+            self.not_ready_since.setdefault(name, time.monotonic())
+        else:
+            self.not_ready_since.pop(name, None)
+        if self.pods.synced.is_set() and self._signature() != self._node_signature:
+            self._rebuild()
+
+    def node_failed_for(self, node_name: str) -> float:
+        """Seconds the node has been NotReady or gone (0 when Ready)."""
+        if node_name not in {n["metadata"]["name"] for n in self.nodes.objects.values()}:
+            return float("inf") if self.nodes.synced.is_set() else 0.0
+        since = self.not_ready_since.get(node_name)
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _rebuild(self) -> None:
+        """A fresh allocator over the Ready nodes holding every live pod's share."""
+        self._node_signature = self._signature()
+        inventory = inventory_from_nodes(self.nodes.objects.values())
+        placements: dict[str, Placement] = {}
+        external: list[dict[str, Any]] = []
+        for pod in self.pods.objects.values():
+            if not _pod_is_live(pod):
+                continue
+            placement = placement_from_pod(pod)
+            if placement is not None:
+                placements[placement.request.id] = placement
+            elif _external_whole_gpus(pod) and (pod.get("spec") or {}).get("nodeName"):
+                external.append(pod)
+        # allocations made for pods that are not created yet stay reserved
+        for placement in self.allocator.allocations():
+            rid = placement.request.id
+            if rid not in placements and not rid.startswith("external/"):
+                placements[rid] = placement
+        used: dict[str, int] = {}
+        for placement in placements.values():
+            for share in placement.gpus:
+                used[share.uuid] = used.get(share.uuid, 0) + share.milli
+        for pod in external:
+            placement = self._external_placement(pod, inventory, used)
+            if placement is not None:
+                placements[placement.request.id] = placement
+        store = MemoryStore()
+        store.commit(list(placements.values()), [])
+        allocator = Allocator(
+            inventory,
+            policy=self.policy,
+            headroom_fraction=self.headroom_fraction,
+            quota=self.quota,
+            store=store,
+        )
+        for stale in allocator.stale:
+            self.log.warning(
+                "GPU allocation %s no longer fits the cluster: %s", stale.placement.id, stale.reason
+            )
+        self.allocator = allocator
+        self.on_rebuild(allocator, inventory)
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _external_placement(
+        pod: dict[str, Any], inventory: Inventory, used: dict[str, int]
+    ) -> Placement | None:
+        """A GPU pod gpulab did not make holds whole GPUs on its node: count the least used."""
+        node_name = pod["spec"]["nodeName"]
+        node = next((n for n in inventory.nodes if n.name == node_name), None)
+        if node is None:
+            return None
+        count = _external_whole_gpus(pod)
+        free = sorted((g for g in node.gpus if used.get(g.uuid, 0) == 0), key=lambda g: g.index)
+        if len(free) < count:
+            return None
+        shares = tuple(GpuShare(g.uuid, 1000) for g in free[:count])
+        for share in shares:
+            used[share.uuid] = 1000
+        return Placement(
+            request=Request(id=f"external/{object_key(pod)}", num_gpu=count),
+            node=node_name,
+            gpus=shares,
+            created_at=time.time(),
+        )
+
+    def _pod_changed(self, kind: str, pod: dict[str, Any]) -> None:
+        if not self.pods.synced.is_set():
+            return
+        placement = placement_from_pod(pod)
+        if placement is None:
+            if _external_whole_gpus(pod) and (pod.get("spec") or {}).get("nodeName"):
+                self._rebuild()  # another workload's GPUs appeared or went away
+            return
+        if kind == "DELETED" or not _pod_is_live(pod):
+            current = self.allocator.get(placement.request.id)
+            # only the pod that holds this placement releases it (a new pod may reuse the id)
+            if current is not None and current.created_at == placement.created_at:
+                self.allocator.release(placement.request.id)
+
+
+_state: KubeGPUState | None = None
+_state_lock: asyncio.Lock | None = None
+
+
+async def ensure_kube_state(capacity: Any, *, timeout: float = 60.0) -> KubeGPUState:
+    """The hub's one cluster view, started and synced on first use, attached to `capacity`.
+
+    Client configuration comes from the pod's service account inside a cluster, else from the
+    kubeconfig (KUBECONFIG), exactly as KubeSpawner loads it."""
+    global _state, _state_lock
+    if _state is not None:
+        return _state
+    if _state_lock is None:
+        _state_lock = asyncio.Lock()
+    async with _state_lock:
+        if _state is None:
+            from kubespawner.clients import load_config, shared_client
+
+            await asyncio.to_thread(load_config)
+            api = shared_client("CoreV1Api")
+
+            def attach(allocator: Allocator, inventory: Inventory) -> None:
+                gpus = sum(len(n.gpus) for n in inventory.nodes)
+                models = ", ".join(sorted(inventory.models)) or "no GPUs"
+                capacity.attach(
+                    allocator,
+                    inventory,
+                    f"Kubernetes: {len(inventory.nodes)} nodes, {gpus} GPUs ({models})",
+                )
+
+            state = KubeGPUState(
+                api,
+                api.api_client,
+                policy=capacity.placement_policy,
+                headroom_fraction=capacity.headroom_fraction,
+                quota=capacity.quota,
+                on_rebuild=attach,
+                log=capacity.log,
+            )
+            state.start()
+            await asyncio.wait_for(state.wait_synced(), timeout)
+            _state = state
+    return _state

@@ -1,0 +1,1 @@
+"""Workspaces that come back: home volumes, snapshots, restore and clone, per backend."""

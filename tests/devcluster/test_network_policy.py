@@ -1,0 +1,180 @@
+"""The node agent enforces NetworkPolicies: pods selected by a policy accept and open only the
+connections its rules allow, ports and the cloud metadata address included."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpulab.devcluster.agent import netpolicy
+from gpulab.spawner.kube.isolation import CLOUD_METADATA_IP, singleuser_network_policy
+from tests.devcluster.conftest import Kube, pod_manifest, wait_for
+
+NETPOL_API = "/apis/networking.k8s.io/v1/namespaces"
+
+pytestmark = pytest.mark.skipif(
+    netpolicy.unavailable_reason() is not None,
+    reason=f"the node agent cannot enforce NetworkPolicies here: {netpolicy.unavailable_reason()}",
+)
+
+# tries each "host:port" given and prints {target: "open" | "refused" | "error ..."}
+CONNECT = r"""
+import json, socket, sys
+out = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+        out[target] = "open"
+    except ConnectionRefusedError:
+        out[target] = "refused"
+    except OSError as e:
+        out[target] = f"error {e}"
+print(json.dumps(out), flush=True)
+"""
+
+WEB = [sys.executable, "-m", "http.server", "8000", "--bind", "$(POD_IP)"]
+POD_IP = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
+def _web(kube: Kube, labels: dict[str, str]) -> str:
+    """A pod serving HTTP on its pod IP, port 8000; its IP once Ready."""
+    name = kube.name("web")
+    m = pod_manifest(name, WEB, readinessProbe={"tcpSocket": {"port": 8000}, "periodSeconds": 1})
+    m["metadata"]["labels"] = labels
+    m["spec"]["containers"][0]["env"].append(POD_IP)
+    m["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": 8000}]
+    kube.create_pod(m)
+    return str(kube.wait_ready(name)["status"]["podIP"])
+
+
+def _connect_from(kube: Kube, labels: dict[str, str], *targets: str) -> dict[str, str]:
+    name = kube.name("client")
+    m = pod_manifest(name, [sys.executable, "-c", CONNECT, *targets])
+    m["metadata"]["labels"] = labels
+    kube.create_pod(m)
+    pod = kube.wait_phase(name, "Succeeded", "Failed")
+    out = kube.cluster.logs(name, kube.ns)
+    assert pod["status"]["phase"] == "Succeeded", out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _from_host(target: str) -> str:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+        return "open"
+    except ConnectionRefusedError:
+        return "refused"
+
+
+@contextlib.contextmanager
+def _policy(kube: Kube, body: dict[str, Any]) -> Iterator[None]:
+    name = body["metadata"]["name"]
+    kube.api("POST", f"{NETPOL_API}/{kube.ns}/networkpolicies", body)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(urllib.error.HTTPError):
+            kube.api("DELETE", f"{NETPOL_API}/{kube.ns}/networkpolicies/{name}")
+
+
+def _until(kube: Kube, what: str, check: Any) -> None:
+    """The agent applies a new policy within moments of the API accepting it."""
+    wait_for(what, check, 30, 0.5)
+
+
+@contextlib.contextmanager
+def _host_server(ip: str) -> Iterator[int]:
+    """An HTTP server of this machine (a host process, like the hub) on ip; its port."""
+    server = http.server.HTTPServer((ip, 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_ingress_policy_admits_only_the_selected_pods_on_the_allowed_port(
+    kube_ns: Kube,
+) -> None:
+    kube = kube_ns
+    ip = _web(kube, {"app": "web"})
+    target = f"{ip}:8000"
+    assert _connect_from(kube, {"role": "client"}, target) == {target: "open"}  # no policy yet
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "web-ingress"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": {"role": "allowed"}}}],
+                    "ports": [{"port": "http"}],  # the receiving container's named port
+                }
+            ],
+        },
+    }
+    with _policy(kube, policy):
+        _until(kube, "the host to be refused", lambda: _from_host(target) == "refused")
+        assert _connect_from(kube, {"role": "client"}, target) == {target: "refused"}
+        assert _connect_from(kube, {"role": "allowed"}, target) == {target: "open"}
+    _until(kube, "the policy's end to open the server again", lambda: _from_host(target) == "open")
+
+
+def test_the_servers_policy_lets_only_the_hub_in_and_keeps_the_metadata_address_out(
+    kube_ns: Kube,
+) -> None:
+    kube = kube_ns
+    server_labels = {"component": "singleuser-server", "app": "jupyterhub"}
+    added = subprocess.run(
+        ["ip", "addr", "add", f"{CLOUD_METADATA_IP}/32", "dev", "lo"], capture_output=True
+    )
+    try:
+        with (
+            _host_server("127.0.0.1") as hub_port,
+            _host_server(CLOUD_METADATA_IP) as meta_port,
+            _host_server("127.0.0.1") as other_port,
+        ):
+            policy = singleuser_network_policy(
+                "gpulab-singleuser",
+                pod_selector=server_labels,
+                server_port=8000,
+                hub_selector={"component": "hub"},
+                hub_ports=[hub_port],
+                hub_cidrs=["127.0.0.1/32"],
+            )
+            ip = _web(kube, server_labels)
+            with _policy(kube, policy):
+                target = f"{ip}:8000"
+                _until(
+                    kube,
+                    "another server to be refused",
+                    lambda: _connect_from(kube, server_labels, target)[target] == "refused",
+                )
+                assert _from_host(target) == "open"  # the hub and proxy: 127.0.0.1
+                hub, meta, other = (
+                    f"127.0.0.1:{hub_port}",
+                    f"{CLOUD_METADATA_IP}:{meta_port}",
+                    f"127.0.0.1:{other_port}",
+                )
+                assert _from_host(meta) == "open"  # there, for the machine itself
+                seen = _connect_from(kube, server_labels, hub, meta, other)
+                assert seen == {hub: "open", meta: "refused", other: "refused"}
+    finally:
+        if added.returncode == 0:
+            subprocess.run(["ip", "addr", "del", f"{CLOUD_METADATA_IP}/32", "dev", "lo"])

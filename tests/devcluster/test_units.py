@@ -1,0 +1,223 @@
+"""Pure parts of the dev cluster: node resources and labels, env and command-line rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulab.devcluster import NodeSpec
+from gpulab.devcluster.agent.devices import Devices
+from gpulab.devcluster.agent.netpolicy import PodNet, compile_ruleset, pod_to_pod
+from gpulab.devcluster.agent.podenv import (
+    EnvError,
+    container_argv,
+    container_env,
+    expand,
+    field_value,
+)
+from gpulab.devcluster.agent.podsecurity import SecurityConfigError, identity
+from gpulab.devcluster.spec import capacity, labels, taints
+
+
+def test_node_spec_resources_cover_whole_mig_hami_and_time_sliced_gpus() -> None:
+    spec = NodeSpec("n", gpus=2, mig={"1g.10gb": 7}, time_slicing_replicas=3)
+    cap = capacity(spec)
+    assert cap["nvidia.com/gpu"] == "2"
+    assert cap["nvidia.com/mig-1g.10gb"] == "7"
+    assert cap["nvidia.com/gpu.shared"] == "6"
+    assert cap["nvidia.com/gpumem"] == str(2 * 81920)
+    assert cap["nvidia.com/gpucores"] == "200"
+    assert cap["pods"] == "110"
+    assert labels(spec)["nvidia.com/gpu.count"] == "2"
+
+
+def test_spot_node_is_labelled_and_tainted() -> None:
+    spec = NodeSpec("s", spot=True)
+    assert labels(spec)["gpulab.io/capacity-type"] == "spot"
+    assert taints(spec) == [{"key": "gpulab.io/spot", "value": "true", "effect": "NoSchedule"}]
+
+
+def test_node_spec_rejects_bad_values_with_the_field_name() -> None:
+    with pytest.raises(ValueError, match="NodeSpec.gpus"):
+        NodeSpec("n", gpus=-1)
+    with pytest.raises(ValueError, match="NodeSpec.name"):
+        NodeSpec("Bad Name")
+
+
+def test_node_spec_round_trips_through_a_dict() -> None:
+    spec = NodeSpec("n", mig={"3g.40gb": 2}, labels={"a": "b"})
+    assert NodeSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_expand_follows_kubernetes_rules() -> None:
+    env = {"A": "1"}
+    assert expand("$(A)-$(B)-$$(A)", env) == "1-$(B)-$(A)"
+
+
+def test_env_resolves_field_refs_and_replaces_the_any_address() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "x"}},
+        "spec": {"nodeName": "n1"},
+        "status": {"podIP": "127.9.1.5"},
+    }
+    container = {
+        "name": "c",
+        "env": [
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "URL", "value": "http://0.0.0.0:8888/"},
+            {"name": "SELF", "value": "$(IP)"},
+        ],
+        "args": ["--ip=0.0.0.0", "$(SELF)"],
+    }
+    env = container_env(pod, container, base={}, configmaps={}, secrets={}, node_capacity={})
+    assert env == {"IP": "127.9.1.5", "URL": "http://127.9.1.5:8888/", "SELF": "127.9.1.5"}
+    assert container_argv(container, env, "127.9.1.5") == ["--ip=127.9.1.5", "127.9.1.5"]
+    assert field_value(pod, "metadata.labels['app']") == "x"
+
+
+def test_missing_configmap_key_is_a_config_error_that_names_it() -> None:
+    container = {
+        "name": "c",
+        "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}],
+    }
+    pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {}, "status": {}}
+    with pytest.raises(EnvError, match='configmap "cm" has no key "k"'):
+        container_env(
+            pod, container, base={}, configmaps={"cm": {"data": {}}}, secrets={}, node_capacity={}
+        )
+
+
+def test_device_plugin_hands_out_distinct_gpus_and_mig_instances() -> None:
+    devices = Devices(NodeSpec("n", gpus=4, mig={"1g.10gb": 2}))
+
+    def ask(res: str, n: int) -> dict:
+        return {"name": "c", "resources": {"limits": {res: str(n)}}}
+
+    a = devices.allocate("pod-a/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"]
+    b = devices.allocate("pod-b/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"]
+    assert len(set(a.split(",")) | set(b.split(","))) == 4
+    assert devices.allocate("pod-a/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"] == a
+    mig = devices.allocate("pod-c/c", ask("nvidia.com/mig-1g.10gb", 1))
+    assert mig["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-n-1g.10gb-")
+    devices.release("pod-a")
+    again = devices.allocate("pod-d/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"]
+    assert set(again.split(",")) == set(a.split(","))
+
+
+def test_hami_limits_appear_as_hami_environment() -> None:
+    devices = Devices(NodeSpec("n", gpus=1))
+    c = {
+        "name": "c",
+        "resources": {
+            "limits": {
+                "nvidia.com/gpu": "1",
+                "nvidia.com/gpumem": "10000",
+                "nvidia.com/gpucores": "30",
+            }
+        },
+    }
+    env = devices.allocate("p/c", c)
+    assert env == {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-n-0",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "10000m",
+        "CUDA_DEVICE_SM_LIMIT": "30",
+    }
+
+
+# -- security context and NetworkPolicy rules (pure) ----------------------------------------------
+
+
+def _pod(spec_sc: dict | None = None, **container_sc: object) -> tuple[dict, dict]:
+    container = {"name": "main", "securityContext": dict(container_sc)}
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1"},
+        "spec": {"securityContext": spec_sc or {}, "containers": [container]},
+    }
+    return pod, container
+
+
+def test_the_containers_security_context_overrides_the_pods() -> None:
+    pod, c = _pod(
+        {"runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100, "supplementalGroups": [5, 100]},
+        runAsUser=1234,
+        allowPrivilegeEscalation=False,
+        capabilities={"drop": ["NET_RAW", "cap_sys_admin"]},
+    )
+    ident = identity(pod, c, image_uid=0)
+    assert (ident.uid, ident.gid, ident.groups) == (1234, 100, (100, 5))
+    assert ident.no_new_privs is True
+    assert ident.drop_capabilities == (13, 21)
+
+
+def test_privileged_keeps_capabilities_and_may_escalate() -> None:
+    pod, c = _pod(
+        {"runAsUser": 1000},
+        privileged=True,
+        allowPrivilegeEscalation=False,
+        capabilities={"drop": ["ALL"]},
+    )
+    ident = identity(pod, c, image_uid=0)
+    assert (ident.no_new_privs, ident.drop_capabilities) == (False, ())
+
+
+def test_run_as_non_root_passes_for_a_non_root_image_user_and_unknown_capabilities_fail() -> None:
+    pod, c = _pod({"runAsNonRoot": True})
+    assert identity(pod, c, image_uid=1000).uid == 1000  # an image whose USER is not root
+    pod, c = _pod(capabilities={"drop": ["FLY"]})
+    with pytest.raises(SecurityConfigError, match="unknown capability 'FLY'"):
+        identity(pod, c, image_uid=0)
+
+
+WEB = PodNet("w", "ns", {"app": "web"}, "127.1.1.2", "g/w", 1, {"http": ("tcp", 8000)})
+CLIENT = PodNet("c", "ns", {"role": "client"}, "127.1.1.3", "g/c", 2)
+OTHER_NS = PodNet("o", "other", {"role": "client"}, "127.1.1.4", "g/o", 3)
+
+
+def _policy(ns: str, selector: dict, **spec: object) -> dict:
+    return {"metadata": {"name": "p", "namespace": ns}, "spec": {"podSelector": selector, **spec}}
+
+
+def test_a_connection_needs_the_senders_egress_and_the_receivers_ingress() -> None:
+    ingress = _policy(
+        "ns",
+        {"matchLabels": {"app": "web"}},
+        ingress=[{"from": [{"podSelector": {}}], "ports": [{"port": "http"}, {"port": 9000}]}],
+    )
+    egress = _policy(
+        "ns",
+        {"matchExpressions": [{"key": "role", "operator": "Exists"}]},
+        policyTypes=["Egress"],
+        egress=[
+            {
+                "to": [{"ipBlock": {"cidr": "127.1.1.0/24", "except": ["127.1.1.4/32"]}}],
+                "ports": [{"port": 8000}, {"port": 8001}],
+            }
+        ],
+    )
+    assert pod_to_pod(CLIENT, WEB, [ingress], {}) == {("tcp", 8000), ("tcp", 9000)}
+    assert pod_to_pod(CLIENT, WEB, [ingress, egress], {}) == {("tcp", 8000)}
+    # a podSelector alone means the policy's namespace: a pod of another namespace is refused
+    assert pod_to_pod(OTHER_NS, WEB, [ingress], {}) == frozenset()
+    by_ns = _policy(
+        "ns",
+        {"matchLabels": {"app": "web"}},
+        ingress=[{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}],
+    )
+    assert pod_to_pod(OTHER_NS, WEB, [by_ns], {"other": {"team": "a"}}) is None  # every port
+    assert pod_to_pod(OTHER_NS, WEB, [by_ns], {"other": {"team": "b"}}) == frozenset()
+    assert pod_to_pod(WEB, CLIENT, [ingress], {}) is None  # CLIENT is selected by nothing
+
+
+def test_the_ruleset_marks_pods_and_refuses_what_no_rule_allows() -> None:
+    policy = _policy(
+        "ns",
+        {"matchLabels": {"app": "web"}},
+        ingress=[{"from": [{"ipBlock": {"cidr": "127.0.0.1/32"}}], "ports": [{"port": "http"}]}],
+    )
+    text = compile_ruleset("t", [WEB, CLIENT], [policy], {})
+    assert 'socket cgroupv2 level 2 "g/w" ct mark set 1' in text
+    assert 'socket cgroupv2 level 2 "g/w" jump to_1' in text
+    to_web = text.split("chain to_1 {")[1].split("}\n", 1)[0]
+    assert "ct mark 0 ip saddr 127.0.0.1/32 meta l4proto tcp th dport { 8000 } accept" in to_web
+    assert "ct mark 2" not in to_web  # CLIENT may not connect: no line lets it
+    assert to_web.rstrip().endswith("reject")
+    assert "ct mark 0 accept" in text.split("chain to_2 {")[1]  # CLIENT is open to all

@@ -1,0 +1,83 @@
+"""The cross-user attack catalogue (tests/harness/isolation.py) against a real hub with GPUKubeSpawner on
+the real dev cluster: every attempt from the attacker's pod, her server token and her API token
+must be refused, none may leak or fail with a 5xx."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import urllib.error
+from collections.abc import Iterator
+
+import pytest
+
+from gpulab.devcluster import DevCluster
+from tests.harness.cluster import running_dev_cluster
+from tests.harness.isolation import (
+    VICTIM,
+    kube_attack_suite,
+    kube_kernel_attacks,
+    metadata_endpoint,
+    prepare_victim,
+    table,
+)
+from tests.spawner.kube.test_spawner import NODES
+from tests.spawner.kube.test_workspaces import WORKSPACE_OVERLAY
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.kube,
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="the dev cluster and the metadata address on lo need root"
+    ),
+]
+
+POLICIES = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    with running_dev_cluster(tmp_path_factory.mktemp("gk-iso-cluster"), NODES) as cluster:
+        yield cluster
+
+
+async def test_no_attack_of_the_catalogue_succeeds_on_the_kube_backend(make_hub, cluster):
+    hub = make_hub(WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
+    with metadata_endpoint():
+        attempts = await kube_attack_suite(hub, cluster)
+    assert len(attempts) >= 50  # the catalogue ran whole
+    failed = [a for a in attempts if a.outcome != "refused"]
+    assert not failed, table(attempts)
+    assert {a.category for a in attempts} >= {"kube:network", "kube:files", "kube:processes"}
+    # and the victim is as she was: her server still runs
+    assert hub.server_model(VICTIM)["ready"]
+
+
+async def test_the_catalogue_finds_the_leaks_of_pods_without_network_policy_or_with_a_token(
+    make_hub, cluster
+):
+    # the same probes where the servers' NetworkPolicy is gone and pods get the namespace's
+    # service-account token: they must report those leaks, or the test above would prove nothing
+    # about the network and the token
+    with contextlib.suppress(urllib.error.HTTPError):  # left by the test above, if it ran
+        cluster.api("DELETE", f"{POLICIES}/gpulab-singleuser")
+    hub = make_hub(
+        WORKSPACE_OVERLAY
+        + "c.GPUKubeSpawner.network_policy = False\n"
+        + "c.GPUKubeSpawner.automount_service_account_token = True\n",
+        env={"KUBECONFIG": str(cluster.kubeconfig)},
+    )
+    assert not cluster.api("GET", POLICIES)["items"]
+    with metadata_endpoint():
+        await prepare_victim(hub, profile="cpu")
+        attempts = await kube_kernel_attacks(hub, cluster)
+    leaked = {a.name for a in attempts if a.outcome == "leak"}
+    assert {
+        "victim's server",
+        "cloud metadata 169.254.169.254:80",
+        "Kubernetes API server",
+        "etcd (every Secret, unauthenticated)",
+        "node agent control API",
+        "service-account token",
+    } <= leaked, table(attempts)
+    assert any(name.startswith("hub-side port") for name in leaked), table(attempts)

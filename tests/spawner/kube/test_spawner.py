@@ -1,0 +1,345 @@
+"""GPUKubeSpawner in a real JupyterHub against the real dev-cluster control plane.
+
+The cluster (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) is built from
+Debian's Kubernetes source once per machine and cached; gpulab's node agent runs the pods as
+local processes on simulated GPU nodes. Nothing here is a fake of the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.error
+from collections.abc import Iterator
+
+import pytest
+
+from gpulab.devcluster import DevCluster, NodeSpec
+from gpulab.spawner.kube.resources import gpu_spec
+from tests.harness.cluster import running_dev_cluster
+from tests.harness.hub import Hub, run_in_kernel
+
+pytestmark = [pytest.mark.e2e, pytest.mark.kube]
+
+NODES = [
+    NodeSpec(
+        "gk-a100",
+        gpus=8,
+        zone="zone-a",
+        rack="rack-1",
+        mig={"1g.10gb": 7, "2g.20gb": 3, "4g.40gb": 1},
+        time_slicing_replicas=2,
+    ),
+    NodeSpec(
+        "gk-t4", gpus=1, gpu_product="NVIDIA-T4", gpu_memory_mib=15360, zone="zone-b", rack="rack-2"
+    ),
+]
+
+PROFILES = [
+    {"slug": "cpu", "gpus": 0, "default": True},
+    {"slug": "a100-quarter", "gpus": "1/4", "gpu_model": "A100-SXM4-80GB"},
+    {"slug": "a100-1", "gpus": 1, "gpu_model": "A100-SXM4-80GB"},
+    {"slug": "a100-4", "gpus": 4, "gpu_model": "A100-SXM4-80GB"},
+    {"slug": "a100-spot-8", "gpus": 8, "gpu_model": "A100-SXM4-80GB", "priority": "preemptible"},
+    {"slug": "t4-1", "gpus": 1, "gpu_model": "T4"},
+]
+
+OVERLAY = f"""
+import sys
+c.JupyterHub.spawner_class = 'gpulab-kube'
+c.JupyterHub.hub_connect_ip = '127.0.0.1'
+c.GPUKubeSpawner.namespace = 'default'
+c.GPUKubeSpawner.image = 'gpulab/singleuser:dev'  # not pulled: the node agent runs cmd
+c.GPUKubeSpawner.start_timeout = 120
+c.GPUKubeSpawner.http_timeout = 90
+c.GPUKubeSpawner.delete_grace_period = 5
+c.GPUKubeSpawner.node_failure_seconds = 2
+c.GPUKubeSpawner.gpu_sharing = 'mig'
+c.GPUKubeSpawner.prestop_command = [sys.executable, '-m', 'gpulab.spawner.singleuser.prestop']
+c.GPUKubeSpawner.network_policy_hub_cidrs = ['127.0.0.1/32']  # the test hub runs on the host
+c.GPUCapacity.profiles = {PROFILES!r}
+c.GPUCapacity.default_user_quota_gpus = 8  # these tests are about the cluster's capacity, not quotas
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    with running_dev_cluster(tmp_path_factory.mktemp("gk-cluster"), NODES) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kube_hub(make_hub, cluster: DevCluster) -> Hub:
+    return make_hub(OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
+
+
+def _pods(cluster: DevCluster) -> list[dict]:
+    return [
+        p
+        for p in cluster.api("GET", "/api/v1/namespaces/default/pods")["items"]
+        if "gpulab.io/placement" in (p["metadata"].get("annotations") or {})
+    ]
+
+
+def _pod_of(cluster: DevCluster, user: str) -> dict:
+    (pod,) = [
+        p
+        for p in _pods(cluster)
+        if p["metadata"]["annotations"].get("hub.jupyter.org/username") == user
+    ]
+    return pod
+
+
+def _wait(what, check, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_whole_gpu_server_runs_where_the_real_scheduler_put_it_and_capacity_matches(
+    kube_hub, cluster
+):
+    hub = kube_hub
+    hub.create_user("kim")
+    assert hub.capacity()["a100-1"]["label"] == "1 GPU - 8 free"
+    hub.start_server("kim", profile="a100-1")
+    pod = _pod_of(cluster, "kim")
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1"
+    assert pod["spec"]["nodeName"] == "gk-a100"  # bound by kube-scheduler
+    assert pod["spec"]["priorityClassName"] == "gpulab-on-demand"
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert {
+        "key": "nvidia.com/gpu.product",
+        "operator": "In",
+        "values": ["NVIDIA-A100-SXM4-80GB"],
+    } in (terms["nodeSelectorTerms"][0]["matchExpressions"])
+    assert pod["metadata"]["labels"]["gpulab.io/affinity-group"] == "kim"
+    prestop = pod["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert prestop[1:] == [
+        "-m",
+        "gpulab.spawner.singleuser.prestop",
+        "--timeout",
+        "1",
+    ]  # delete_grace_period 5 - 5, at least 1
+    preferred = pod["spec"]["affinity"]["podAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert [t["podAffinityTerm"]["topologyKey"] for t in preferred] == [
+        "gpulab.io/rack",
+        "topology.kubernetes.io/zone",
+    ]
+    placement = json.loads(pod["metadata"]["annotations"]["gpulab.io/placement"])
+    assert placement["request"]["owner"] == "kim"
+    assert hub.capacity()["a100-1"]["label"] == "1 GPU - 7 free"
+    assert "Kubernetes: 2 nodes, 9 GPUs" in hub.api("GET", "/gpulab/capacity").json()["inventory"]
+    hub.stop_server("kim")
+    _wait(
+        "kim's pod to go", lambda: not [p for p in _pods(cluster) if "kim" in p["metadata"]["name"]]
+    )
+    assert hub.capacity()["a100-1"]["free"] == 8
+
+
+# what the server's kernel is and may do, as JSON on one line
+KERNEL_IDENTITY = """
+import json, os
+status = dict(l.split(":", 1) for l in open("/proc/self/status") if l.startswith(("Cap", "NoNew")))
+print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups()),
+                  "status": {k: v.strip() for k, v in status.items()}}))
+"""
+
+
+async def test_servers_run_hardened_as_a_non_root_uid_under_the_servers_network_policy(
+    kube_hub, cluster
+):
+    hub = kube_hub
+    hub.create_user("nora")
+    hub.start_server("nora", profile="cpu")
+    pod = _pod_of(cluster, "nora")
+    assert pod["spec"]["securityContext"] == {
+        "fsGroup": 100,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["spec"]["containers"][0]["securityContext"] == {
+        "runAsUser": 1000,
+        "runAsGroup": 100,
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": {"drop": ["ALL"]},
+    }
+    # the node agent applied it: the kernel (a child of the server) is uid 1000 without privileges
+    out = await run_in_kernel(hub, "nora", KERNEL_IDENTITY)
+    who = json.loads(out.strip().splitlines()[-1])
+    assert (who["uid"], who["gid"], who["groups"]) == (1000, 100, [100])
+    assert who["status"]["NoNewPrivs"] == "1"
+    assert who["status"]["CapEff"] == who["status"]["CapBnd"] == "0000000000000000"
+
+    policy = cluster.api(
+        "GET", "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/gpulab-singleuser"
+    )
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector == {"component": "singleuser-server", "app": "jupyterhub"}
+    assert selector.items() <= pod["metadata"]["labels"].items()  # the policy covers the pod
+    (ingress,) = policy["spec"]["ingress"]
+    assert ingress["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    assert {"ipBlock": {"cidr": "127.0.0.1/32"}} in ingress["from"]
+    internet = policy["spec"]["egress"][-1]["to"][0]["ipBlock"]
+    assert "169.254.169.254/32" in internet["except"]
+    hub.stop_server("nora")
+
+
+def test_ninth_whole_gpu_on_eight_is_refused_not_left_pending(kube_hub, cluster):
+    hub = kube_hub
+    for user in ("ann", "ben", "cat"):
+        hub.create_user(user)
+    hub.start_server("ann", profile="a100-4")
+    hub.start_server("ben", profile="a100-4")
+    r = hub.spawn("cat", profile="a100-1")
+    assert r.status_code == 409, r.text
+    assert "cannot start now" in r.json()["message"]
+    assert hub.server_model("cat") is None
+    assert not [p for p in _pods(cluster) if "cat" in p["metadata"]["name"]]  # no Pending pod
+
+
+def test_on_demand_request_evicts_a_preemptible_server_who_is_told_why(kube_hub, cluster):
+    hub = kube_hub
+    hub.create_user("spot")
+    hub.create_user("dora")
+    hub.start_server("spot", profile="a100-spot-8")
+    victim = _pod_of(cluster, "spot")
+    assert victim["spec"]["priorityClassName"] == "gpulab-preemptible"
+    hub.start_server("dora", profile="a100-1")
+    assert _pod_of(cluster, "dora")["spec"]["nodeName"] == "gk-a100"
+    _wait("the preempted server to be gone", lambda: hub.server_model("spot") is None, 60)
+    events = cluster.api("GET", "/api/v1/namespaces/default/events")["items"]
+    assert any(
+        e["reason"] == "Preempted" and e["involvedObject"]["name"] == victim["metadata"]["name"]
+        for e in events
+    )
+    assert set(hub.allocations()) == {"dora/"}
+    admin = hub.login("admin", hub.admin_password())
+    # the evicted user (here seen through an admin session) reads why in the picker
+    page = admin.get("/hub/spawn/spot").text
+    assert (
+        "Your server spot/ was stopped at" in page
+        and "preempted for on-demand server dora/" in page
+    )
+
+
+def test_lost_node_frees_its_servers_share(kube_hub, cluster):
+    hub = kube_hub
+    hub.create_user("tess")
+    hub.start_server("tess", profile="t4-1")
+    assert _pod_of(cluster, "tess")["spec"]["nodeName"] == "gk-t4"
+    cluster.stop_node("gk-t4")
+    try:
+        _wait(
+            "the hub to notice tess's server is gone", lambda: hub.server_model("tess") is None, 120
+        )
+        assert "tess/" not in hub.allocations()
+    finally:
+        cluster.start_node("gk-t4")
+        _wait("gk-t4 Ready again", lambda: hub.capacity()["t4-1"]["free"] == 1, 120)
+
+
+def test_hub_restart_keeps_pods_and_their_allocations(kube_hub, cluster):
+    hub = kube_hub
+    hub.create_user("remy")
+    hub.start_server("remy", profile="a100-quarter")
+    pod = _pod_of(cluster, "remy")
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-2g.20gb": "1"}
+    before = hub.allocations()
+    free_before = hub.capacity()["a100-quarter"]["free"]
+    hub.stop_hub()
+    hub.start()
+    after = hub.allocations()
+    assert after["remy/"]["gpus"] == before["remy/"]["gpus"]
+    assert hub.server_model("remy")["ready"]
+    assert _pod_of(cluster, "remy")["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert hub.capacity()["a100-quarter"]["free"] == free_before
+
+
+def test_upstream_profile_list_keeps_working_unchanged(make_hub, cluster):
+    overlay = OVERLAY + (
+        "c.GPUKubeSpawner.profile_list = [{'display_name': 'Legacy GPU', 'slug': 'legacy', 'default': True,"
+        " 'kubespawner_override': {'extra_resource_limits': {'nvidia.com/gpu': '1'}}}]\n"
+    )
+    hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name="legacy")
+    hub.create_user("lee")
+    hub.start_server("lee", profile="legacy")
+    pod = _pod_of_any(cluster, "lee")
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "gpulab.io/placement" not in (pod["metadata"].get("annotations") or {})
+    hub.stop_server("lee")
+
+
+def _pod_of_any(cluster: DevCluster, user: str) -> dict:
+    (pod,) = [
+        p
+        for p in cluster.api("GET", "/api/v1/namespaces/default/pods")["items"]
+        if (p["metadata"].get("annotations") or {}).get("hub.jupyter.org/username") == user
+    ]
+    return pod
+
+
+@pytest.mark.parametrize("sharing", ["mig", "hami", "time-slicing"])
+def test_each_sharing_backend_makes_pods_the_api_server_accepts_and_schedules(cluster, sharing):
+    spec = gpu_spec(
+        num_gpu=0,
+        gpu_milli=125,
+        gpu_models={"A100-SXM4-80GB"},
+        gpu_memory_mib=81920,
+        sharing=sharing,
+        priority="on-demand",
+    )
+    name = f"share-{sharing}"
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": spec.node_affinity_required
+                    }
+                }
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "none",
+                    "command": ["sleep", "30"],
+                    "resources": {"limits": spec.limits, "requests": spec.limits},
+                }
+            ],
+        },
+    }
+    cluster.api("POST", "/api/v1/namespaces/default/pods", manifest)
+    try:
+        pod = _wait(
+            f"{name} to run",
+            lambda: (
+                (p := cluster.api("GET", f"/api/v1/namespaces/default/pods/{name}"))["status"].get(
+                    "phase"
+                )
+                == "Running"
+                and p
+            ),
+        )
+        assert pod["spec"]["nodeName"] == "gk-a100"
+    finally:
+        with contextlib.suppress(urllib.error.HTTPError):
+            cluster.api(
+                "DELETE", f"/api/v1/namespaces/default/pods/{name}", {"gracePeriodSeconds": 0}
+            )
