@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.hub.allocator.openb import TracePod, load_openb_pods
+from gpulab.hub.allocator.openb import TracePod, load_openb_pods, open_trace_csv
 
 WORKLOADS = ("default", "gpushare40", "multigpu50", "gpuspec33")
 #: paper policy directory name -> short name
@@ -36,20 +36,30 @@ PAPER_POLICIES = {
 SEEDS = tuple(range(42, 52))
 
 
+#: the trace as the repository carries it: gzip-compressed csv files (see its README.md)
+REPO_TRACE = Path(__file__).resolve().parent / "data" / "openb"
+
+
 def openb_dir() -> Path:
-    """The trace folder: $GPULAB_OPENB_DIR, else ../shared/data/openb beside the repository."""
+    """The trace folder: $GPULAB_OPENB_DIR, else bench/data/openb in the repository."""
     env = os.environ.get("GPULAB_OPENB_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared/data/openb"
+    return Path(env) if env else REPO_TRACE
+
+
+def trace_file(name: str) -> Path:
+    """`name` (a .csv file of the trace) in openb_dir(): the gzip copy where there is one, else the
+    plain csv (a $GPULAB_OPENB_DIR holding the upstream files)."""
+    plain = openb_dir() / name
+    packed = plain.with_name(plain.name + ".gz")
+    return packed if packed.exists() else plain
 
 
 def node_csv() -> Path:
-    return openb_dir() / "openb_node_list_gpu_node.csv"
+    return trace_file("openb_node_list_gpu_node.csv")
 
 
 def pods_of(workload: str) -> list[TracePod]:
-    return load_openb_pods(openb_dir() / f"openb_pod_list_{workload}.csv")
+    return load_openb_pods(trace_file(f"openb_pod_list_{workload}.csv"))
 
 
 def sample_pods(
@@ -103,7 +113,7 @@ class Curve:
 def published(workload: str) -> dict[str, dict[int, float]]:
     """The paper's per-seed value at arrived demand = 100 %, by policy short name."""
     out: dict[str, dict[int, float]] = {}
-    with open(openb_dir() / "fgd_expected_allocation.csv", newline="") as f:
+    with open_trace_csv(trace_file("fgd_expected_allocation.csv")) as f:
         for row in csv.DictReader(f):
             if row["workload"] != f"openb_pod_list_{workload}":
                 continue

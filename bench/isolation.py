@@ -43,11 +43,12 @@ async def run_local(tmp: Path) -> list[Attempt]:
 
 async def run_kube(tmp: Path) -> list[Attempt]:
     # the kube e2e tests' cluster and hub config, so the bench measures what the tests assert
-    from tests.spawner.kube.test_spawner import NODES
-    from tests.spawner.kube.test_workspaces import WORKSPACE_OVERLAY
+    from tests.harness.kube import KUBE_WORKSPACE_OVERLAY, SPAWNER_NODES
 
-    with running_dev_cluster(tmp / "cluster", NODES) as cluster:
-        hub = Hub(tmp / "kube-hub", WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
+    with running_dev_cluster(tmp / "cluster", SPAWNER_NODES) as cluster:
+        hub = Hub(
+            tmp / "kube-hub", KUBE_WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)}
+        )
         try:
             hub.start()
             with metadata_endpoint():

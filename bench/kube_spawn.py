@@ -23,36 +23,49 @@ import tempfile
 import time
 from pathlib import Path
 
+from traitlets.config import Config
+
 from bench._spawning import alternate, percentile, print_table
 from gpulab.devcluster import DevCluster, NodeSpec, ensure_binaries
-from tests.harness.hub import Hub
+from tests.harness.hub import Hub, merged
 
 NODE = NodeSpec("bench-a100", gpus=8, time_slicing_replicas=8, cpu=256, memory_gib=2048)
 
-COMMON = """
-c.JupyterHub.hub_connect_ip = '127.0.0.1'
-c.JupyterHub.concurrent_spawn_limit = 200
-c.KubeSpawner.namespace = 'default'
-c.KubeSpawner.image = 'gpulab/singleuser:dev'  # not pulled: the node agent runs cmd
-c.KubeSpawner.start_timeout = 300
-c.KubeSpawner.http_timeout = 240
-c.KubeSpawner.delete_grace_period = 2
-"""
-STOCK_OVERLAY = (
-    COMMON
-    + """
-c.JupyterHub.spawner_class = 'kubespawner.KubeSpawner'
-c.KubeSpawner.extra_resource_limits = {'nvidia.com/gpu.shared': '1'}
-c.KubeSpawner.extra_resource_guarantees = {'nvidia.com/gpu.shared': '1'}
-"""
+COMMON = Config(
+    {
+        "JupyterHub": {"hub_connect_ip": "127.0.0.1", "concurrent_spawn_limit": 200},
+        "KubeSpawner": {
+            "namespace": "default",
+            "image": "gpulab/singleuser:dev",  # not pulled: the node agent runs cmd
+            "start_timeout": 300,
+            "http_timeout": 240,
+            "delete_grace_period": 2,
+        },
+    }
 )
-GPULAB_OVERLAY = (
-    COMMON
-    + """
-c.JupyterHub.spawner_class = 'gpulab-kube'
-c.GPUKubeSpawner.gpu_sharing = 'time-slicing'
-c.GPUCapacity.profiles = [{'slug': 'shared-eighth', 'gpus': '1/8', 'default': True}]
-"""
+STOCK_OVERLAY = merged(
+    COMMON,
+    Config(
+        {
+            "JupyterHub": {"spawner_class": "kubespawner.KubeSpawner"},
+            "KubeSpawner": {
+                "extra_resource_limits": {"nvidia.com/gpu.shared": "1"},
+                "extra_resource_guarantees": {"nvidia.com/gpu.shared": "1"},
+            },
+        }
+    ),
+)
+GPULAB_OVERLAY = merged(
+    COMMON,
+    Config(
+        {
+            "JupyterHub": {"spawner_class": "gpulab-kube"},
+            "GPUKubeSpawner": {"gpu_sharing": "time-slicing"},
+            "GPUCapacity": {
+                "profiles": [{"slug": "shared-eighth", "gpus": "1/8", "default": True}]
+            },
+        }
+    ),
 )
 
 

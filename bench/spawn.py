@@ -26,11 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from traitlets.config import Config
+
 from bench._spawning import alternate, print_table, timed_spawn
 from tests.harness.hub import Hub
 
-STOCK_OVERLAY = "c.JupyterHub.spawner_class = 'localprocess'\n"
-GPULAB_OVERLAY = "c.GPUCapacity.declared_inventory = '8 x A100-SXM4-80GB'\n"
+STOCK_OVERLAY = Config({"JupyterHub": {"spawner_class": "localprocess"}})
+GPULAB_OVERLAY = Config({"GPUCapacity": {"declared_inventory": "8 x A100-SXM4-80GB"}})
 
 
 def _make_system_user(name: str, home: Path) -> None:

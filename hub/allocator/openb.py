@@ -1,12 +1,26 @@
-"""Loaders for the openb trace (Alibaba cluster-trace-gpu-v2023, as used by the FGD paper)."""
+"""Loaders for the openb trace (Alibaba cluster-trace-gpu-v2023, as used by the FGD paper).
+
+Each loader reads a csv file or its gzip copy (a name ending in ``.gz``, as the repository carries
+the trace in bench/data/openb/).
+"""
 
 from __future__ import annotations
 
 import csv
+import gzip
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from .model import GPU, MILLI, Node, Request
+
+
+def open_trace_csv(path: object) -> IO[str]:
+    """A csv file of the trace for reading as text; gzip-decompressed when its name ends in .gz."""
+    p = Path(str(path))
+    if p.suffix == ".gz":
+        return gzip.open(p, "rt", newline="")
+    return open(p, newline="")
 
 
 def load_openb_nodes(path: object) -> list[Node]:
@@ -15,7 +29,7 @@ def load_openb_nodes(path: object) -> list[Node]:
     GPU uuids are ``<node>-gpu<i>``; openb has no NVLink information, so no groups are set.
     """
     nodes = []
-    with open(Path(str(path)), newline="") as f:
+    with open_trace_csv(path) as f:
         for row in csv.DictReader(f):
             name = row["sn"]
             model = row.get("model") or ""
@@ -61,7 +75,7 @@ class TracePod:
 def load_openb_pods(path: object) -> list[TracePod]:
     """Pods from an ``openb_pod_list_*.csv`` file."""
     pods = []
-    with open(Path(str(path)), newline="") as f:
+    with open_trace_csv(path) as f:
         for row in csv.DictReader(f):
             spec = row.get("gpu_spec") or ""
             pods.append(

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.devcluster.procs import free_port
-from tests.devcluster.conftest import Kube, wait_for
+from tests.harness.kube import Kube
+from tests.harness.ports import free_port
+from tests.harness.wait import wait_for
 
 BIN = Path(sys.executable).parent
 

@@ -6,7 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.devcluster.conftest import Kube, pod_manifest, wait_for
+from tests.harness.kube import Kube, pod_manifest
+from tests.harness.wait import wait_for
 
 # appends to $LOG: "started", then "sigterm" on SIGTERM; ignores it when $STUBBORN is set
 TERM_SCRIPT = r"""

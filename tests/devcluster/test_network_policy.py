@@ -18,7 +18,8 @@ import pytest
 
 from gpulab.devcluster.agent import netpolicy
 from gpulab.spawner.kube.isolation import CLOUD_METADATA_IP, singleuser_network_policy
-from tests.devcluster.conftest import Kube, pod_manifest, wait_for
+from tests.harness.kube import Kube, pod_manifest
+from tests.harness.wait import wait_for
 
 NETPOL_API = "/apis/networking.k8s.io/v1/namespaces"
 

@@ -7,7 +7,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tests.devcluster.conftest import Kube, container_state, pod_manifest, wait_for
+from tests.harness.kube import Kube, container_state, pod_manifest
+from tests.harness.wait import wait_for
 
 # serves its environment as JSON on $POD_IP:8080, after writing a marker
 ENV_SERVER = r"""

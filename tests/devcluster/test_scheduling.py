@@ -7,7 +7,8 @@ from pathlib import Path
 from kubernetes_asyncio import client
 
 from gpulab.devcluster.agent.kube import api_client
-from tests.devcluster.conftest import Kube, pod_manifest, wait_for
+from tests.harness.kube import Kube, pod_manifest
+from tests.harness.wait import wait_for
 
 
 def test_scheduler_binds_eight_gpu_pods_and_leaves_the_ninth_pending(kube: Kube) -> None:

@@ -10,7 +10,8 @@ import stat
 import sys
 from pathlib import Path
 
-from tests.devcluster.conftest import Kube, container_state, pod_manifest, wait_for
+from tests.harness.kube import Kube, container_state, pod_manifest
+from tests.harness.wait import wait_for
 
 # prints what the process is, then what it may read; one JSON line in the container's log
 WHO_AM_I = r"""

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.devcluster.conftest import Kube, pod_manifest, wait_for
+from tests.harness.kube import Kube, pod_manifest
+from tests.harness.wait import wait_for
 
 SNAP_API = "/apis/snapshot.storage.k8s.io/v1"
 

@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.harness.tiers import note_started
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # The machine's network is closed: Chromium's background services would only fail to connect.
 CHROMIUM_ARGS = [
@@ -34,8 +36,11 @@ def chromium_missing_reason() -> str | None:
 
 
 @contextmanager
-def browser_page(tmp_path: Path) -> Iterator[Any]:
+def open_browser_page(tmp_path: Path) -> Iterator[Any]:
+    """A page of a fresh headless Chromium, closed on exit (tests use the `page` fixture)."""
     from playwright.sync_api import sync_playwright
+
+    note_started("browser")
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)

@@ -3,18 +3,27 @@
 The hub runs gpulab's shipped config (hub/jupyterhub_config.py) with a test overlay: loopback
 ports picked at random, a service token with admin scopes for the REST API, and whatever
 GPUCapacity/spawner settings a test passes.
+
+A test passes its settings as a `traitlets.config.Config` (as JupyterHub's and kubespawner's own
+tests do); the harness writes it out as `c.Section.key = value` lines, lazy values
+(`c.JupyterHub.tornado_settings.update(...)`) as the same calls, into the config file the shipped
+config loads last (GPULAB_CONFIG). Only plain data goes into a Config this way (config_source
+refuses anything else); source text is still accepted for an overlay that must run code (a hook
+function), though no test needs one today (the metrics test's request recorder is a jupyter
+server config, not a hub overlay).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import copy
 import json
 import os
 import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +35,10 @@ from typing import Any
 import httpx
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
+from traitlets.config import Config, LazyConfigValue
+
+from tests.harness.ports import free_port
+from tests.harness.tiers import note_started
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -55,10 +68,45 @@ def passable_dir(requested: Path) -> Path:
     return real
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def merged(*overlays: Config) -> Config:
+    """One overlay from several, later ones winning (copies: the arguments stay as they were)."""
+    out = Config()
+    for overlay in overlays:
+        out.merge(copy.deepcopy(overlay))
+    return out
+
+
+def _literal(value: object, where: str) -> str:
+    """`value` as Python source that evaluates back to it; plain data only (code needs source)."""
+    text = repr(value)
+    try:
+        if ast.literal_eval(text) == value:
+            return text
+    except (ValueError, SyntaxError):
+        pass
+    raise TypeError(f"{where}: {value!r} is not plain data; pass the overlay as source text")
+
+
+def config_source(overlay: Config) -> str:
+    """The overlay as config-file lines, one per setting, in the order they were set."""
+    lines = []
+    for section, values in overlay.items():
+        if not isinstance(values, Config):
+            raise TypeError(f"overlay: {section!r} is not a class section (c.{section}.<name>)")
+        for key, value in values.items():
+            target = f"c.{section}.{key}"
+            if not isinstance(value, LazyConfigValue):
+                lines.append(f"{target} = {_literal(value, target)}")
+                continue
+            # c.X.y.update(...) and friends: kept as calls, so they add to what the shipped
+            # config set instead of replacing it
+            ops = value.to_dict()
+            for method in ("extend", "prepend", "update"):
+                if method in ops:
+                    lines.append(f"{target}.{method}({_literal(ops[method], target)})")
+            for index, item in ops.get("inserts", []):
+                lines.append(f"{target}.insert({index}, {_literal(item, target)})")
+    return "".join(line + "\n" for line in lines)
 
 
 def _pids_of_hub(api_port: int, *, servers_only: bool = False) -> list[int]:
@@ -83,8 +131,10 @@ def _pids_of_hub(api_port: int, *, servers_only: bool = False) -> list[int]:
 
 class Hub:
     def __init__(
-        self, state_dir: Path, overlay: str = "", env: dict[str, str] | None = None
+        self, state_dir: Path, overlay: Config | str = "", env: dict[str, str] | None = None
     ) -> None:
+        if isinstance(overlay, Config):
+            overlay = config_source(overlay)
         self.extra_env = {"GPULAB_CULL_IDLE_SECONDS": "0", **(env or {})}
         self.state_dir = passable_dir(state_dir)
         # system accounts of this hub's users: a prefix of its own, so that hubs running at once
@@ -123,6 +173,7 @@ class Hub:
     # -- process -------------------------------------------------------------------------------
 
     def start(self, timeout: float = 60, expect_failure: bool = False) -> None:
+        note_started("e2e")
         env = dict(os.environ)
         env.update(
             GPULAB_IP="127.0.0.1",

@@ -30,8 +30,8 @@ import httpx
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClosedError, websocket_connect
 
-from gpulab.hub.metrics_names import PUSH_URL_ENV
 from gpulab.devcluster import DevCluster
+from gpulab.hub.metrics_names import PUSH_URL_ENV
 from gpulab.spawner.workspaces.kube import KEY_FILE as CHECKPOINT_KEY_FILE
 from tests.harness.hub import Hub, run_in_kernel
 

@@ -1,4 +1,5 @@
-"""A real `jupyter server` with gpulab's extension in a subprocess, for tests and the bench."""
+"""A real `jupyter server` with gpulab's extension in a subprocess, for tests and the bench; its
+config overlay a traitlets Config (or source text), as for the Hub harness."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from traitlets.config import Config
 
-from tests.harness.hub import free_port
+from tests.harness.hub import config_source
+from tests.harness.ports import free_port
+from tests.harness.tiers import note_started
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -42,7 +46,7 @@ class LabServer:
         state_dir: Path,
         *,
         env: dict[str, str] | None = None,
-        config: str = "",
+        config: Config | str = "",
         extensions: dict[str, bool] | None = None,
     ) -> None:
         self.state_dir = state_dir
@@ -55,6 +59,8 @@ class LabServer:
         self.ws_url = f"ws://127.0.0.1:{self.port}"
         self.headers = {"Authorization": f"token {self.token}"}
         self.extensions = extensions or {"jupyterlab_gpulab": True}
+        if isinstance(config, Config):
+            config = config_source(config)
         self.config_path = state_dir / "jupyter_server_config.py"
         self.config_path.write_text(
             "c = get_config()  # noqa\n"
@@ -68,6 +74,7 @@ class LabServer:
         self.client = httpx.Client(base_url=self.url, headers=self.headers, timeout=30)
 
     def start(self, timeout: float = 60) -> None:
+        note_started("e2e")
         env = dict(os.environ)
         pythonpath = [str(EXTENSION_SRC), str(REPO), env.get("PYTHONPATH", "")]
         env.update(

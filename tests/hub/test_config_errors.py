@@ -3,32 +3,35 @@
 from __future__ import annotations
 
 import pytest
-
-pytestmark = pytest.mark.e2e
+from traitlets.config import Config
 
 
 @pytest.mark.parametrize(
     ("overlay", "message"),
     [
         (
-            "c.GPUCapacity.declared_inventory = '8 x A100-SXM9-1TB'\n",
+            Config(GPUCapacity={"declared_inventory": "8 x A100-SXM9-1TB"}),
             "unknown GPU model 'A100-SXM9-1TB'",
         ),
         (
-            "c.GPUCapacity.declared_inventory = '2 x T4'\n"
-            "c.GPUCapacity.profiles = [{'slug': 'big', 'gpus': 1, 'gpu_model': 'H200'}]\n",
+            Config(
+                GPUCapacity={
+                    "declared_inventory": "2 x T4",
+                    "profiles": [{"slug": "big", "gpus": 1, "gpu_model": "H200"}],
+                }
+            ),
             "gpu_model ['H200'] is not in the GPU inventory (available: ['T4'])",
         ),
         (
-            "c.GPUCapacity.profiles = [{'slug': 'neg', 'gpus': '-1/4'}]\n",
+            Config(GPUCapacity={"profiles": [{"slug": "neg", "gpus": "-1/4"}]}),
             "profile 'neg': gpus: '-1/4' is negative",
         ),
         (
-            "c.GPUCapacity.profiles = [{'slug': 'odd', 'gpus': 0.3}]\n",
+            Config(GPUCapacity={"profiles": [{"slug": "odd", "gpus": 0.3}]}),
             "profile 'odd': gpus: 0.3 is not a multiple of 1/8 GPU",
         ),
         (
-            "c.GPUCapacity.headroom_fraction = 1.5\n",
+            Config(GPUCapacity={"headroom_fraction": 1.5}),
             "GPUCapacity.headroom_fraction must be in [0, 1), not 1.5",
         ),
     ],

@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 import pytest
+from traitlets.config import Config
 
-pytestmark = pytest.mark.e2e
+from tests.harness.wait import wait_for
 
 
 def _wait_ready(hub, user: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        model = hub.server_model(user)
-        if model and model.get("ready"):
-            return
-        time.sleep(0.3)
-    raise TimeoutError(f"{user}'s server did not become ready")
+    """Unlike hub.wait_ready, a server that has no record yet (the form is still posting) is waited
+    for too."""
+    wait_for(
+        f"{user}'s server to be ready",
+        lambda: (hub.server_model(user) or {}).get("ready"),
+        timeout,
+        0.3,
+    )
 
 
 def test_admin_logs_in_picks_a_fraction_in_the_form_and_lands_in_jupyterlab(make_hub):
-    hub = make_hub("c.GPUCapacity.declared_inventory = '1 x A100-SXM4-80GB'\n")
+    hub = make_hub(Config(GPUCapacity={"declared_inventory": "1 x A100-SXM4-80GB"}))
     password = hub.admin_password()
     assert len(password) >= 20  # generated on first run, never a fixed default
     assert (hub.state_dir / "initial-admin-password").stat().st_mode & 0o077 == 0

@@ -8,20 +8,23 @@ import threading
 import time
 
 import pytest
+from traitlets.config import Config
 
-pytestmark = pytest.mark.e2e
+from tests.harness.hub import merged
 
-CATALOG = """
-c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'
-c.GPUCapacity.profiles = [
-    {'slug': 'cpu', 'gpus': 0, 'default': True},
-    {'slug': 'gpu-eighth', 'gpus': '1/8'},
-    {'slug': 'gpu-quarter', 'gpus': '1/4'},
-    {'slug': 'gpu-1', 'gpus': 1},
-    {'slug': 'staff-gpu-1', 'display_name': 'Staff GPU', 'gpus': 1, 'groups': ['staff']},
-]
-c.GPUCapacity.user_quota_gpus = {'quinn': '3/8'}
-"""
+CATALOG = Config(
+    GPUCapacity={
+        "declared_inventory": "2 x A100-SXM4-80GB",
+        "profiles": [
+            {"slug": "cpu", "gpus": 0, "default": True},
+            {"slug": "gpu-eighth", "gpus": "1/8"},
+            {"slug": "gpu-quarter", "gpus": "1/4"},
+            {"slug": "gpu-1", "gpus": 1},
+            {"slug": "staff-gpu-1", "display_name": "Staff GPU", "gpus": 1, "groups": ["staff"]},
+        ],
+        "user_quota_gpus": {"quinn": "3/8"},
+    }
+)
 
 
 def test_group_restricted_profile_is_refused_over_api_and_hidden(make_hub):
@@ -81,7 +84,7 @@ def test_bad_server_options_get_400_and_allocate_nothing(make_hub, options, stat
 
 
 def test_spawn_waits_in_queue_and_picker_counts_it_until_a_gpu_frees(make_hub):
-    hub = make_hub(CATALOG + "c.GPUSimpleLocalSpawner.queue_timeout_seconds = 60\n")
+    hub = make_hub(merged(CATALOG, Config(GPUSimpleLocalSpawner={"queue_timeout_seconds": 60})))
     hub.create_user("alice")
     hub.create_user("bob")
     hub.create_user("carol")

@@ -24,11 +24,12 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from traitlets.config import Config
 
 from gpulab.hub.apihandlers.gpulab import gpulab_handlers
 from tests.harness.hub import REPO, Hub
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 DESCRIPTION = REPO / "docs" / "rest-api.yaml"
 USER = "fuzz"
@@ -51,7 +52,7 @@ def fuzzed(make_hub: Any) -> Fuzzed:
     named server cloned from it, and her token."""
     hub = make_hub(
         # the fuzzed "snapshot now" requests must not prune the snapshot the others name
-        "c.GPUSimpleLocalSpawner.snapshot_keep_last = 10000\n",
+        Config(GPUSimpleLocalSpawner={"snapshot_keep_last": 10000}),
         env={"GPULAB_METRICS_SERVICE": "0"},
     )
     hub.create_user(USER)

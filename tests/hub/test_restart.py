@@ -7,11 +7,9 @@ import os
 import signal
 import time
 
-import pytest
+from traitlets.config import Config
 
 from tests.harness.hub import run_in_kernel
-
-pytestmark = pytest.mark.e2e
 
 
 def _alive(pid: int) -> bool:
@@ -23,7 +21,7 @@ def _alive(pid: int) -> bool:
 
 
 async def test_running_servers_and_allocations_survive_a_hub_restart(make_hub):
-    hub = make_hub("c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n")
+    hub = make_hub(Config(GPUCapacity={"declared_inventory": "2 x A100-SXM4-80GB"}))
     for user in ("alice", "bob", "carol", "dave"):
         hub.create_user(user)
     hub.start_server("alice", profile="gpu-1")

@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from traitlets.config import Config
 
-pytestmark = pytest.mark.e2e
+from tests.harness.hub import merged
 
-LIMIT_2 = "c.JupyterHub.named_server_limit_per_user = 2\n"
+TWO_A100 = Config(GPUCapacity={"declared_inventory": "2 x A100-SXM4-80GB"})
+LIMIT_2 = Config(JupyterHub={"named_server_limit_per_user": 2})
 
 
 def _servers(hub, user: str) -> dict[str, dict]:
@@ -85,7 +87,7 @@ def test_a_renamed_server_keeps_its_home_and_its_old_name_stays_taken(make_hub):
 def test_refused_first_starts_leave_no_record_and_do_not_count_against_the_limit(
     make_hub, options, status, message
 ):
-    hub = make_hub("c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n" + LIMIT_2)
+    hub = make_hub(merged(TWO_A100, LIMIT_2))
     hub.create_user("bob")
     for name in ("a", "b", "c"):
         r = hub.spawn("bob", name, **options)
@@ -101,7 +103,7 @@ def test_refused_first_starts_leave_no_record_and_do_not_count_against_the_limit
 
 
 def test_a_refused_start_of_a_server_that_ran_keeps_its_record(make_hub):
-    hub = make_hub("c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n")
+    hub = make_hub(TWO_A100)
     hub.create_user("bob")
     hub.start_server("bob", "keep", profile="cpu")
     hub.stop_server("bob", "keep")
@@ -125,11 +127,9 @@ def test_a_refused_start_of_a_server_that_ran_keeps_its_record(make_hub):
 def test_a_first_start_refused_in_the_background_is_forgotten_once_reported(make_hub):
     # slow_spawn_timeout 0: JupyterHub answers 202 at once and the refusal comes later, as for a
     # spawn that waits in the queue and times out
-    hub = make_hub(
-        "c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n"
-        + LIMIT_2
-        + "c.JupyterHub.tornado_settings.update({'slow_spawn_timeout': 0})\n"
-    )
+    overlay = merged(TWO_A100, LIMIT_2)
+    overlay.JupyterHub.tornado_settings.update({"slow_spawn_timeout": 0})
+    hub = make_hub(overlay)
     admin = hub.login("admin", hub.admin_password())
     xsrf = admin.cookies.get("_xsrf", path="/hub/")
     r = admin.post("/hub/spawn/admin/big", data={"profile": "gpu-2", "_xsrf": xsrf})

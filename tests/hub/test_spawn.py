@@ -7,13 +7,11 @@ import re
 import signal
 import time
 
-import pytest
+from traitlets.config import Config
 
-from tests.harness.hub import run_in_kernel
+from tests.harness.hub import merged, run_in_kernel
 
-pytestmark = pytest.mark.e2e
-
-TWO_A100 = "c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n"
+TWO_A100 = Config(GPUCapacity={"declared_inventory": "2 x A100-SXM4-80GB"})
 
 
 async def test_fractional_profile_gets_its_gpu_by_uuid_and_capacity_drops(make_hub):
@@ -80,7 +78,7 @@ def test_profile_larger_than_the_machine_is_refused_with_the_reason(make_hub):
 
 
 def test_request_that_does_not_fit_is_refused_with_409_and_nothing_leaks(make_hub):
-    hub = make_hub("c.GPUCapacity.declared_inventory = '1 x A100-SXM4-80GB'\n")
+    hub = make_hub(Config(GPUCapacity={"declared_inventory": "1 x A100-SXM4-80GB"}))
     hub.create_user("alice")
     hub.create_user("bob")
     hub.start_server("alice", profile="gpu-half")
@@ -111,7 +109,7 @@ def test_named_servers_each_hold_their_own_share(make_hub):
 
 
 def test_stopping_a_server_frees_its_share(make_hub):
-    hub = make_hub(TWO_A100 + "c.GPUCapacity.user_quota_gpus = {'alice': 2}\n")
+    hub = make_hub(merged(TWO_A100, Config(GPUCapacity={"user_quota_gpus": {"alice": 2}})))
     hub.create_user("alice")
     hub.start_server("alice", profile="gpu-2")
     assert hub.capacity()["gpu-1"]["free"] == 0
@@ -167,10 +165,8 @@ def test_idle_culler_stops_an_idle_server_and_frees_its_share(make_hub):
 
 
 def test_profile_cpu_and_memory_limits_reach_the_server(make_hub):
-    hub = make_hub(
-        TWO_A100
-        + "c.GPUCapacity.profiles = [{'slug': 'small', 'gpus': '1/8', 'cpu_limit': 1, 'mem_limit': '2G'}]\n"
-    )
+    small = {"slug": "small", "gpus": "1/8", "cpu_limit": 1, "mem_limit": "2G"}
+    hub = make_hub(merged(TWO_A100, Config(GPUCapacity={"profiles": [small]})))
     hub.create_user("alice")
     hub.start_server("alice", profile="small")
     env = hub.server_env("alice")

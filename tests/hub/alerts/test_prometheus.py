@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lark import Lark, Token, Tree
 
 from gpulab.hub.alerts import Rule, parse_rule, parse_rules, to_prometheus_rules
-from tests.hub.alerts.test_properties import actions, expressions
+from tests.harness.alerts import actions, expressions
 
 PROMQL = r"""
 ?start: expr

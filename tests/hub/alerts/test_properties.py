@@ -6,17 +6,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpulab.hub.alerts import (
-    Action,
-    And,
-    Condition,
-    Not,
-    Or,
     Rule,
     RuleError,
     parse_rule,
     parse_rules,
 )
-from gpulab.hub.alerts.model import METRICS, SEVERITIES
+from tests.harness.alerts import actions, expressions
 
 FRAGMENTS = [
     "IF", "if", "THEN", "AND", "or", "NOT", "FOR", "(", ")", "alert", '("A")', "gpu_utilization",
@@ -47,36 +42,6 @@ def test_arbitrary_text_parses_or_raises_rule_error(text):
 @given(st.lists(st.sampled_from(FRAGMENTS), max_size=40).map(" ".join))
 def test_near_miss_rule_text_parses_or_raises_rule_error(text):
     _check(text)
-
-
-@st.composite
-def conditions(draw: st.DrawFn) -> Condition:
-    metric = draw(st.sampled_from(list(METRICS)))
-    unit = draw(st.sampled_from(METRICS[metric]))
-    if unit == "%":
-        value = draw(st.floats(0, 100, allow_nan=False))
-    else:
-        value = draw(st.floats(0, 1e12, allow_nan=False, allow_infinity=False))
-    op = draw(st.sampled_from([">", ">=", "<", "<=", "==", "!="]))
-    for_seconds = draw(st.one_of(st.just(0), st.integers(1, 30 * 86400)))
-    return Condition(metric, op, value, unit, for_seconds)
-
-
-expressions = st.recursive(
-    conditions(),
-    lambda children: st.one_of(
-        children.map(Not),
-        st.lists(children, min_size=2, max_size=4).map(lambda xs: And(tuple(xs))),
-        st.lists(children, min_size=2, max_size=4).map(lambda xs: Or(tuple(xs))),
-    ),
-    max_leaves=12,
-)
-actions = st.builds(
-    Action,
-    name=st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True),
-    severity=st.sampled_from(SEVERITIES),
-    message=st.one_of(st.none(), st.text(max_size=40)),
-)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

@@ -1,29 +1,25 @@
-"""The openb trace loader and the benchmark's sampling method (skipped without the trace)."""
+"""The openb trace loader and the benchmark's sampling method, on the trace the repository carries
+(bench/data/openb, gzip csv; $GPULAB_OPENB_DIR overrides it)."""
 
 from __future__ import annotations
 
 import pytest
 
+import bench._openb as bench_openb
 from gpulab.hub.allocator import Allocator, Inventory
 from gpulab.hub.allocator.openb import load_openb_pods
 
-bench_openb = pytest.importorskip("bench._openb")
-TRACE = bench_openb.openb_dir()
-pytestmark = pytest.mark.skipif(
-    not (TRACE / "openb_node_list_gpu_node.csv").exists(), reason=f"openb trace not at {TRACE}"
-)
-
 
 def test_openb_inventory_has_the_published_size():
-    inv = Inventory.from_openb_csv(TRACE / "openb_node_list_gpu_node.csv")
+    inv = Inventory.from_openb_csv(bench_openb.node_csv())
     assert len(inv) == 1213
     assert inv.total_gpus == 6212
     assert "V100M32" in inv.models
 
 
 def test_sampling_reaches_the_target_demand_and_replays_through_the_allocator():
-    inv = Inventory.from_openb_csv(TRACE / "openb_node_list_gpu_node.csv")
-    pods = load_openb_pods(TRACE / "openb_pod_list_default.csv")
+    inv = Inventory.from_openb_csv(bench_openb.node_csv())
+    pods = load_openb_pods(bench_openb.trace_file("openb_pod_list_default.csv"))
     seq = bench_openb.sample_pods(pods, inv.total_gpu_milli, seed=42)
     total = sum(p.total_gpu_milli for p in seq)
     assert 1.29 * inv.total_gpu_milli <= total <= 1.3 * inv.total_gpu_milli

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from gpulab.hub.services.metrics.exposition import exposition
 from gpulab.hub.services.metrics.listing import Target, targets_from_users
 from gpulab.hub.services.metrics.push import parse_exposition
 from gpulab.hub.services.metrics.service import MetricsService
+from tests.harness.ports import free_port
 
 SERVICE_TOKEN = "service-token-0123"
 GIB = 1024**3
@@ -146,12 +146,6 @@ class UserHandler(HubHandler):
         assert self.request.headers["Authorization"] == f"token {SERVICE_TOKEN}"
         servers = {name: {"name": name} for (u, name) in self.hub.running if u == user}
         self.finish(json.dumps({"name": user, "servers": servers}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -14,10 +14,11 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from traitlets.config import Config
 
-from tests.harness.hub import Hub, free_port
-
-pytestmark = pytest.mark.e2e
+from tests.harness.hub import Hub
+from tests.harness.ports import free_port
+from tests.harness.wait import wait_for
 
 SERVICE = "/services/gpulab-metrics/"
 
@@ -34,17 +35,6 @@ def _record(handler):
 
 c.ServerApp.tornado_settings = {"log_function": _record}  # jupyterhub-singleuser keeps it
 """
-
-
-def wait_for(fetch: Any, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fetch()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise TimeoutError(f"condition not met; last: {last!r}")
 
 
 def service_token(hub: Hub) -> str:
@@ -96,8 +86,10 @@ def metrics_hub(make_hub: Any, tmp_path: Path, shared_dir: Path) -> Hub:
         "JUPYTER_CONFIG_PATH": str(recorder.parent),
         "GPULAB_TEST_REQUEST_LOG": str(requests / "log.tsv"),
     }
+    overlay = Config()
+    overlay.Spawner.environment.update(env)
     hub = make_hub(
-        f"c.Spawner.environment.update({env!r})\n",
+        overlay,
         env={
             "GPULAB_METRICS_SERVICE_PORT": str(free_port()),
             "GPULAB_METRICS_CONFIG": str(config),
@@ -134,7 +126,7 @@ def test_two_users_servers_push_and_admins_see_both_with_the_hubs_labels(
         up = {s["user"]: s for s in r.json()["servers"] if s["up"] and s["gpus"]}
         return up if set(up) == {"alice", "bob"} else None
 
-    servers = wait_for(pushed)
+    servers = wait_for("both servers' pushes", pushed, 90, 0.5)
     for user in ("alice", "bob"):
         assert servers[user]["server"] == "" and servers[user]["error"] == ""
         [gpu] = servers[user]["gpus"]
@@ -186,7 +178,7 @@ def test_two_users_servers_push_and_admins_see_both_with_the_hubs_labels(
         entries = admin.get("api/alerts").json()["idle_gpu_servers"]
         return entries if len(entries) == 2 else []
 
-    entries = wait_for(idle)
+    entries = wait_for("both idle alerts", idle, 90, 0.5)
     assert sorted((e["user"], e["server"]) for e in entries) == [("alice", ""), ("bob", "")]
 
     # pushing is not using the server: its last activity stays put, so idle culling still works
@@ -194,12 +186,15 @@ def test_two_users_servers_push_and_admins_see_both_with_the_hubs_labels(
     before = hub.server_model("alice")["last_activity"]
     pushes = next(s for s in admin.get("api/servers").json()["servers"] if s["user"] == "alice")
     wait_for(
+        "five more pushes from alice",
         lambda: (
             next(s for s in admin.get("api/servers").json()["servers"] if s["user"] == "alice")[
                 "pushes"
             ]
             >= pushes["pushes"] + 5
-        )
+        ),
+        90,
+        0.5,
     )
     time.sleep(2.5)  # one more activity poll by the hub after those pushes
     assert hub.server_model("alice")["last_activity"] == before
@@ -242,7 +237,12 @@ def test_two_users_servers_push_and_admins_see_both_with_the_hubs_labels(
 
     # alice's server stops: it leaves the service's view and her alert resolves; bob's stays
     hub.stop_server("alice")
-    wait_for(lambda: [s["user"] for s in admin.get("api/servers").json()["servers"]] == ["bob"])
+    wait_for(
+        "bob's server alone listed",
+        lambda: [s["user"] for s in admin.get("api/servers").json()["servers"]] == ["bob"],
+        90,
+        0.5,
+    )
     body = admin.get("api/alerts").json()
     assert [a["user"] for a in body["alerts"]] == ["bob"]
     assert [(e["user"], e["state"]) for e in body["recent"] if e["user"] == "alice"] == [
@@ -265,7 +265,7 @@ def test_no_request_from_the_service_reaches_a_user_server(
         servers = admin.get("api/servers").json()["servers"]
         return len(servers) == 2 and all(s["pushes"] >= 3 for s in servers)
 
-    wait_for(both_pushed_three_times)
+    wait_for("three pushes from both", both_pushed_three_times, 90, 0.5)
     admin.close()
     # the recorder works: a request with a token that may open alice's server is written down
     r = httpx.get(

@@ -7,12 +7,12 @@ from __future__ import annotations
 import contextlib
 import os
 import urllib.error
-from collections.abc import Iterator
 
 import pytest
+from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster
-from tests.harness.cluster import running_dev_cluster
+from tests.harness.hub import merged
 from tests.harness.isolation import (
     VICTIM,
     kube_attack_suite,
@@ -21,28 +21,22 @@ from tests.harness.isolation import (
     prepare_victim,
     table,
 )
-from tests.spawner.kube.test_spawner import NODES
-from tests.spawner.kube.test_workspaces import WORKSPACE_OVERLAY
+from tests.harness.kube import KUBE_WORKSPACE_OVERLAY, SPAWNER_NODES
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.kube,
-    pytest.mark.skipif(
-        os.geteuid() != 0, reason="the dev cluster and the metadata address on lo need root"
-    ),
-]
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the dev cluster and the metadata address on lo need root"
+)
 
 POLICIES = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    with running_dev_cluster(tmp_path_factory.mktemp("gk-iso-cluster"), NODES) as cluster:
-        yield cluster
+def cluster(make_dev_cluster) -> DevCluster:
+    return make_dev_cluster(SPAWNER_NODES, "gk-iso-cluster")
 
 
 async def test_no_attack_of_the_catalogue_succeeds_on_the_kube_backend(make_hub, cluster):
-    hub = make_hub(WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
+    hub = make_hub(KUBE_WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
     with metadata_endpoint():
         attempts = await kube_attack_suite(hub, cluster)
     assert len(attempts) >= 50  # the catalogue ran whole
@@ -61,10 +55,9 @@ async def test_the_catalogue_finds_the_leaks_of_pods_without_network_policy_or_w
     # about the network and the token
     with contextlib.suppress(urllib.error.HTTPError):  # left by the test above, if it ran
         cluster.api("DELETE", f"{POLICIES}/gpulab-singleuser")
+    unguarded = {"network_policy": False, "automount_service_account_token": True}
     hub = make_hub(
-        WORKSPACE_OVERLAY
-        + "c.GPUKubeSpawner.network_policy = False\n"
-        + "c.GPUKubeSpawner.automount_service_account_token = True\n",
+        merged(KUBE_WORKSPACE_OVERLAY, Config({"GPUKubeSpawner": unguarded})),
         env={"KUBECONFIG": str(cluster.kubeconfig)},
     )
     assert not cluster.api("GET", POLICIES)["items"]

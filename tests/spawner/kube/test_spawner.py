@@ -9,96 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 import urllib.error
-from collections.abc import Iterator
 
 import pytest
+from traitlets.config import Config
 
-from gpulab.devcluster import DevCluster, NodeSpec
+from gpulab.devcluster import DevCluster
 from gpulab.spawner.kube.resources import gpu_spec
-from tests.harness.cluster import running_dev_cluster
-from tests.harness.hub import Hub, run_in_kernel
-
-pytestmark = [pytest.mark.e2e, pytest.mark.kube]
-
-NODES = [
-    NodeSpec(
-        "gk-a100",
-        gpus=8,
-        zone="zone-a",
-        rack="rack-1",
-        mig={"1g.10gb": 7, "2g.20gb": 3, "4g.40gb": 1},
-        time_slicing_replicas=2,
-    ),
-    NodeSpec(
-        "gk-t4", gpus=1, gpu_product="NVIDIA-T4", gpu_memory_mib=15360, zone="zone-b", rack="rack-2"
-    ),
-]
-
-PROFILES = [
-    {"slug": "cpu", "gpus": 0, "default": True},
-    {"slug": "a100-quarter", "gpus": "1/4", "gpu_model": "A100-SXM4-80GB"},
-    {"slug": "a100-1", "gpus": 1, "gpu_model": "A100-SXM4-80GB"},
-    {"slug": "a100-4", "gpus": 4, "gpu_model": "A100-SXM4-80GB"},
-    {"slug": "a100-spot-8", "gpus": 8, "gpu_model": "A100-SXM4-80GB", "priority": "preemptible"},
-    {"slug": "t4-1", "gpus": 1, "gpu_model": "T4"},
-]
-
-OVERLAY = f"""
-import sys
-c.JupyterHub.spawner_class = 'gpulab-kube'
-c.JupyterHub.hub_connect_ip = '127.0.0.1'
-c.GPUKubeSpawner.namespace = 'default'
-c.GPUKubeSpawner.image = 'gpulab/singleuser:dev'  # not pulled: the node agent runs cmd
-c.GPUKubeSpawner.start_timeout = 120
-c.GPUKubeSpawner.http_timeout = 90
-c.GPUKubeSpawner.delete_grace_period = 5
-c.GPUKubeSpawner.node_failure_seconds = 2
-c.GPUKubeSpawner.gpu_sharing = 'mig'
-c.GPUKubeSpawner.prestop_command = [sys.executable, '-m', 'gpulab.spawner.singleuser.prestop']
-c.GPUKubeSpawner.network_policy_hub_cidrs = ['127.0.0.1/32']  # the test hub runs on the host
-c.GPUCapacity.profiles = {PROFILES!r}
-c.GPUCapacity.default_user_quota_gpus = 8  # these tests are about the cluster's capacity, not quotas
-"""
+from tests.harness.hub import Hub, merged, run_in_kernel
+from tests.harness.kube import KUBE_HUB_OVERLAY, SPAWNER_NODES, placed_pod_of, placed_pods
+from tests.harness.wait import wait_for
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    with running_dev_cluster(tmp_path_factory.mktemp("gk-cluster"), NODES) as cluster:
-        yield cluster
+def cluster(make_dev_cluster) -> DevCluster:
+    return make_dev_cluster(SPAWNER_NODES, "gk-cluster")
 
 
 @pytest.fixture
 def kube_hub(make_hub, cluster: DevCluster) -> Hub:
-    return make_hub(OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
-
-
-def _pods(cluster: DevCluster) -> list[dict]:
-    return [
-        p
-        for p in cluster.api("GET", "/api/v1/namespaces/default/pods")["items"]
-        if "gpulab.io/placement" in (p["metadata"].get("annotations") or {})
-    ]
-
-
-def _pod_of(cluster: DevCluster, user: str) -> dict:
-    (pod,) = [
-        p
-        for p in _pods(cluster)
-        if p["metadata"]["annotations"].get("hub.jupyter.org/username") == user
-    ]
-    return pod
-
-
-def _wait(what, check, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    return make_hub(KUBE_HUB_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
 
 
 def test_whole_gpu_server_runs_where_the_real_scheduler_put_it_and_capacity_matches(
@@ -108,7 +38,7 @@ def test_whole_gpu_server_runs_where_the_real_scheduler_put_it_and_capacity_matc
     hub.create_user("kim")
     assert hub.capacity()["a100-1"]["label"] == "1 GPU - 8 free"
     hub.start_server("kim", profile="a100-1")
-    pod = _pod_of(cluster, "kim")
+    pod = placed_pod_of(cluster, "kim")
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "1"
     assert pod["spec"]["nodeName"] == "gk-a100"  # bound by kube-scheduler
@@ -141,8 +71,9 @@ def test_whole_gpu_server_runs_where_the_real_scheduler_put_it_and_capacity_matc
     assert hub.capacity()["a100-1"]["label"] == "1 GPU - 7 free"
     assert "Kubernetes: 2 nodes, 9 GPUs" in hub.api("GET", "/gpulab/capacity").json()["inventory"]
     hub.stop_server("kim")
-    _wait(
-        "kim's pod to go", lambda: not [p for p in _pods(cluster) if "kim" in p["metadata"]["name"]]
+    wait_for(
+        "kim's pod to go",
+        lambda: not [p for p in placed_pods(cluster) if "kim" in p["metadata"]["name"]],
     )
     assert hub.capacity()["a100-1"]["free"] == 8
 
@@ -162,7 +93,7 @@ async def test_servers_run_hardened_as_a_non_root_uid_under_the_servers_network_
     hub = kube_hub
     hub.create_user("nora")
     hub.start_server("nora", profile="cpu")
-    pod = _pod_of(cluster, "nora")
+    pod = placed_pod_of(cluster, "nora")
     assert pod["spec"]["securityContext"] == {
         "fsGroup": 100,
         "runAsNonRoot": True,
@@ -207,7 +138,7 @@ def test_ninth_whole_gpu_on_eight_is_refused_not_left_pending(kube_hub, cluster)
     assert r.status_code == 409, r.text
     assert "cannot start now" in r.json()["message"]
     assert hub.server_model("cat") is None
-    assert not [p for p in _pods(cluster) if "cat" in p["metadata"]["name"]]  # no Pending pod
+    assert not [p for p in placed_pods(cluster) if "cat" in p["metadata"]["name"]]  # no Pending pod
 
 
 def test_on_demand_request_evicts_a_preemptible_server_who_is_told_why(kube_hub, cluster):
@@ -215,11 +146,11 @@ def test_on_demand_request_evicts_a_preemptible_server_who_is_told_why(kube_hub,
     hub.create_user("spot")
     hub.create_user("dora")
     hub.start_server("spot", profile="a100-spot-8")
-    victim = _pod_of(cluster, "spot")
+    victim = placed_pod_of(cluster, "spot")
     assert victim["spec"]["priorityClassName"] == "gpulab-preemptible"
     hub.start_server("dora", profile="a100-1")
-    assert _pod_of(cluster, "dora")["spec"]["nodeName"] == "gk-a100"
-    _wait("the preempted server to be gone", lambda: hub.server_model("spot") is None, 60)
+    assert placed_pod_of(cluster, "dora")["spec"]["nodeName"] == "gk-a100"
+    wait_for("the preempted server to be gone", lambda: hub.server_model("spot") is None, 60)
     events = cluster.api("GET", "/api/v1/namespaces/default/events")["items"]
     assert any(
         e["reason"] == "Preempted" and e["involvedObject"]["name"] == victim["metadata"]["name"]
@@ -239,23 +170,23 @@ def test_lost_node_frees_its_servers_share(kube_hub, cluster):
     hub = kube_hub
     hub.create_user("tess")
     hub.start_server("tess", profile="t4-1")
-    assert _pod_of(cluster, "tess")["spec"]["nodeName"] == "gk-t4"
+    assert placed_pod_of(cluster, "tess")["spec"]["nodeName"] == "gk-t4"
     cluster.stop_node("gk-t4")
     try:
-        _wait(
+        wait_for(
             "the hub to notice tess's server is gone", lambda: hub.server_model("tess") is None, 120
         )
         assert "tess/" not in hub.allocations()
     finally:
         cluster.start_node("gk-t4")
-        _wait("gk-t4 Ready again", lambda: hub.capacity()["t4-1"]["free"] == 1, 120)
+        wait_for("gk-t4 Ready again", lambda: hub.capacity()["t4-1"]["free"] == 1, 120)
 
 
 def test_hub_restart_keeps_pods_and_their_allocations(kube_hub, cluster):
     hub = kube_hub
     hub.create_user("remy")
     hub.start_server("remy", profile="a100-quarter")
-    pod = _pod_of(cluster, "remy")
+    pod = placed_pod_of(cluster, "remy")
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-2g.20gb": "1"}
     before = hub.allocations()
     free_before = hub.capacity()["a100-quarter"]["free"]
@@ -264,15 +195,18 @@ def test_hub_restart_keeps_pods_and_their_allocations(kube_hub, cluster):
     after = hub.allocations()
     assert after["remy/"]["gpus"] == before["remy/"]["gpus"]
     assert hub.server_model("remy")["ready"]
-    assert _pod_of(cluster, "remy")["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert placed_pod_of(cluster, "remy")["metadata"]["uid"] == pod["metadata"]["uid"]
     assert hub.capacity()["a100-quarter"]["free"] == free_before
 
 
 def test_upstream_profile_list_keeps_working_unchanged(make_hub, cluster):
-    overlay = OVERLAY + (
-        "c.GPUKubeSpawner.profile_list = [{'display_name': 'Legacy GPU', 'slug': 'legacy', 'default': True,"
-        " 'kubespawner_override': {'extra_resource_limits': {'nvidia.com/gpu': '1'}}}]\n"
-    )
+    legacy = {
+        "display_name": "Legacy GPU",
+        "slug": "legacy",
+        "default": True,
+        "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "1"}},
+    }
+    overlay = merged(KUBE_HUB_OVERLAY, Config({"GPUKubeSpawner": {"profile_list": [legacy]}}))
     hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name="legacy")
     hub.create_user("lee")
     hub.start_server("lee", profile="legacy")
@@ -327,7 +261,7 @@ def test_each_sharing_backend_makes_pods_the_api_server_accepts_and_schedules(cl
     }
     cluster.api("POST", "/api/v1/namespaces/default/pods", manifest)
     try:
-        pod = _wait(
+        pod = wait_for(
             f"{name} to run",
             lambda: (
                 (p := cluster.api("GET", f"/api/v1/namespaces/default/pods/{name}"))["status"].get(

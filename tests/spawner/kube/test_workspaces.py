@@ -9,28 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import sys
 import urllib.error
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster
 from gpulab.spawner.workspaces.kube import KEY_FILE
-from tests.harness.cluster import running_dev_cluster
-from tests.harness.hub import Hub, run_in_kernel
-from tests.spawner.kube.test_spawner import NODES, OVERLAY, _pod_of, _pods, _wait
-
-pytestmark = [pytest.mark.e2e, pytest.mark.kube]
-
-WORKSPACE_OVERLAY = (
-    OVERLAY
-    + f"""
-c.GPUKubeSpawner.workspace_prepare_command = [{sys.executable!r}, '-m', 'gpulab.spawner.singleuser.checkpoint.prepare']
-c.GPUKubeSpawner.snapshot_timeout_seconds = 60
-"""
-)
+from tests.harness.hub import Hub, merged, run_in_kernel
+from tests.harness.kube import KUBE_WORKSPACE_OVERLAY, SPAWNER_NODES, placed_pod_of, placed_pods
+from tests.harness.wait import wait_for
 
 SET_VARIABLES = """
 import os, sys
@@ -108,14 +97,13 @@ def _pvc_exists(cluster: DevCluster, name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    with running_dev_cluster(tmp_path_factory.mktemp("gk-ws-cluster"), NODES) as cluster:
-        yield cluster
+def cluster(make_dev_cluster) -> DevCluster:
+    return make_dev_cluster(SPAWNER_NODES, "gk-ws-cluster")
 
 
 @pytest.fixture
 def ws_hub(make_hub, cluster: DevCluster) -> Hub:
-    return make_hub(WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
+    return make_hub(KUBE_WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
 
 
 async def test_kernel_variables_files_and_packages_survive_a_restart_of_a_kube_server(
@@ -125,7 +113,7 @@ async def test_kernel_variables_files_and_packages_survive_a_restart_of_a_kube_s
     hub.create_user("ada")
     model = hub.start_server("ada", profile="cpu")
     assert model["state"]["pvc_name"] == "gpulab-home-ada"
-    pod = _pod_of(cluster, "ada")
+    pod = placed_pod_of(cluster, "ada")
     assert _claim_of(pod) == "gpulab-home-ada"
     container = pod["spec"]["containers"][0]
     assert container["args"][1:5] == [
@@ -173,7 +161,7 @@ async def test_kernel_variables_files_and_packages_survive_a_restart_of_a_kube_s
     assert [k["notebook"] for k in kernels] == ["default"] and kernels[0]["variables"] >= 2
 
     hub.start_server("ada", profile="cpu")
-    assert _claim_of(_pod_of(cluster, "ada")) == "gpulab-home-ada"  # the same home again
+    assert _claim_of(placed_pod_of(cluster, "ada")) == "gpulab-home-ada"  # the same home again
     out = await run_in_kernel(
         hub,
         "ada",
@@ -202,19 +190,19 @@ async def test_a_preempted_server_gets_its_kernel_variables_back_by_itself(ws_hu
     assert "set" in out
 
     hub.start_server("dora", profile="a100-1")  # on demand: evicts spot's preemptible server
-    _wait("the preempted server to be gone", lambda: hub.server_model("spot") is None, 60)
+    wait_for("the preempted server to be gone", lambda: hub.server_model("spot") is None, 60)
     labels = [s["label"] for s in _snapshots(hub, "spot")]
     assert labels == ["preempted"]
     hub.stop_server("dora")
 
     hub.start_server("spot", profile="a100-spot-8")
-    assert _env_of(_pod_of(cluster, "spot"))["GPULAB_AUTO_RESTORE"] == "1"
+    assert _env_of(placed_pod_of(cluster, "spot"))["GPULAB_AUTO_RESTORE"] == "1"
     out = await run_in_kernel(hub, "spot", "print('losses', losses, 'config', config)")
     assert "losses [0.9, 0.5, 0.25] config {'lr': 0.0003}" in out
     hub.stop_server("spot")
     # once: the next start asks again
     hub.start_server("spot", profile="a100-spot-8")
-    assert "GPULAB_AUTO_RESTORE" not in _env_of(_pod_of(cluster, "spot"))
+    assert "GPULAB_AUTO_RESTORE" not in _env_of(placed_pod_of(cluster, "spot"))
     hub.stop_server("spot")
 
 
@@ -249,7 +237,7 @@ async def test_snapshots_are_listed_restored_and_cloned_over_the_rest_api(ws_hub
     assert r.json()["restored"] == good["id"] and r.json()["before_restore"]
     assert not _pvc_exists(cluster, "gpulab-home-cleo")  # replaced by the restored claim
     hub.start_server("cleo", profile="cpu")
-    claim = _claim_of(_pod_of(cluster, "cleo"))
+    claim = _claim_of(placed_pod_of(cluster, "cleo"))
     assert claim.startswith("gpulab-home-cleo-")
     assert hub.server_model("cleo")["state"]["pvc_name"] == claim
     out = await run_in_kernel(hub, "cleo", "print(open('/home/jovyan/data.csv').read())")
@@ -261,7 +249,7 @@ async def test_snapshots_are_listed_restored_and_cloned_over_the_rest_api(ws_hub
     r = hub.api("POST", f"{url}/{good['id']}/clone", json={"name": "exp"})
     assert r.status_code == 201, r.text
     hub.start_server("cleo", "exp")
-    (exp_pod,) = [p for p in _pods(cluster) if p["metadata"]["name"].endswith("cleo--exp")]
+    (exp_pod,) = [p for p in placed_pods(cluster) if p["metadata"]["name"].endswith("cleo--exp")]
     assert _claim_of(exp_pod) == "gpulab-home-cleo--exp"
     out = await run_in_kernel(
         hub, "cleo", "print(open('/home/jovyan/data.csv').read())", server="exp"
@@ -283,13 +271,16 @@ async def test_snapshots_are_listed_restored_and_cloned_over_the_rest_api(ws_hub
 
 async def test_a_running_kube_server_is_snapshotted_on_a_schedule(make_hub, cluster):
     hub = make_hub(
-        WORKSPACE_OVERLAY + "c.GPUKubeSpawner.snapshot_interval_seconds = 2\n",
+        merged(
+            KUBE_WORKSPACE_OVERLAY,
+            Config({"GPUKubeSpawner": {"snapshot_interval_seconds": 2}}),
+        ),
         env={"KUBECONFIG": str(cluster.kubeconfig)},
     )
     hub.create_user("sam")
     hub.start_server("sam", profile="cpu")
     await run_in_kernel(hub, "sam", "open('/home/jovyan/draft.txt', 'w').write('v1')")
-    _wait(
+    wait_for(
         "a scheduled snapshot",
         lambda: "scheduled" in [s["label"] for s in _snapshots(hub, "sam")],
         60,
@@ -313,22 +304,22 @@ async def test_a_server_lost_with_its_node_gets_its_kernel_variables_back_by_its
     hub = ws_hub
     hub.create_user("tess")
     hub.start_server("tess", profile="t4-1")
-    assert _pod_of(cluster, "tess")["spec"]["nodeName"] == "gk-t4"
+    assert placed_pod_of(cluster, "tess")["spec"]["nodeName"] == "gk-t4"
     await run_in_kernel(hub, "tess", "weights = {'w': [1, 2, 3]}\nprint('set')", keep_kernel=True)
     # the kernel saves after each cell; the node's failure kills it without a chance to save
     manifest = _volume_dir(cluster, "gpulab-home-tess") / ".gpulab/checkpoints/default/default"
-    _wait("the kernel's checkpoint", lambda: (manifest / "manifest.json").exists(), 30)
+    wait_for("the kernel's checkpoint", lambda: (manifest / "manifest.json").exists(), 30)
     cluster.stop_node("gk-t4")
     try:
-        _wait(
+        wait_for(
             "the hub to notice tess's server is lost", lambda: hub.server_model("tess") is None, 120
         )
         assert [s["label"] for s in _snapshots(hub, "tess")] == ["node-lost"]
     finally:
         cluster.start_node("gk-t4")
-        _wait("gk-t4 Ready again", lambda: hub.capacity()["t4-1"]["free"] == 1, 120)
+        wait_for("gk-t4 Ready again", lambda: hub.capacity()["t4-1"]["free"] == 1, 120)
     hub.start_server("tess", profile="t4-1")
-    assert _env_of(_pod_of(cluster, "tess"))["GPULAB_AUTO_RESTORE"] == "1"
+    assert _env_of(placed_pod_of(cluster, "tess"))["GPULAB_AUTO_RESTORE"] == "1"
     out = await run_in_kernel(hub, "tess", "print('weights', weights)")
     assert "weights {'w': [1, 2, 3]}" in out
     hub.stop_server("tess")
@@ -340,7 +331,7 @@ async def test_a_user_cannot_read_another_users_checkpoint_key_or_home(ws_hub, c
     hub.create_user("mal")
     hub.start_server("ivy", profile="cpu")
     hub.start_server("mal", profile="cpu")
-    victim = _pod_of(cluster, "ivy")
+    victim = placed_pod_of(cluster, "ivy")
     meta = victim["metadata"]
     pod_dir = cluster.state_dir / "agent" / "pods" / f"default_{meta['name']}_{meta['uid'][:8]}"
     key_on_node = pod_dir / "volumes" / "gpulab-checkpoint-key" / "key"

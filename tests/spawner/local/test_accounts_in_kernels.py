@@ -11,11 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from traitlets.config import Config
 
 from tests.harness.hub import run_in_kernel
 from tests.harness.isolation import KERNEL_PROBE
-
-pytestmark = pytest.mark.e2e
 
 if os.geteuid() != 0:  # pragma: no cover - CI and the dev machines run as root
     pytest.skip("per-user accounts need a hub running as root", allow_module_level=True)
@@ -130,7 +129,7 @@ async def test_the_checkpoint_key_is_a_file_of_the_users_account_not_an_environm
 
 
 def test_with_workspaces_off_servers_still_run_as_the_users_account(make_hub):
-    hub = make_hub("c.GPUSimpleLocalSpawner.checkpoints = False\n")
+    hub = make_hub(Config(GPUSimpleLocalSpawner={"checkpoints": False}))
     hub.create_user("alice")
     hub.start_server("alice")
     alice = hub.account("alice")
@@ -199,7 +198,7 @@ def test_an_existing_account_not_made_for_the_user_is_refused(make_hub):
 
 
 def test_servers_as_the_hubs_root_account_need_an_explicit_single_person_opt_in(make_hub):
-    hub = make_hub("c.GPUSimpleLocalSpawner.server_accounts = 'hub'\n")
+    hub = make_hub(Config(GPUSimpleLocalSpawner={"server_accounts": "hub"}))
     hub.create_user("alice")
     r = hub.spawn("alice")
     assert r.status_code == 403, r.text
@@ -209,8 +208,7 @@ def test_servers_as_the_hubs_root_account_need_an_explicit_single_person_opt_in(
 
 def test_a_single_person_install_says_so_on_every_page_and_admits_one_user(make_hub):
     hub = make_hub(
-        "c.GPUSimpleLocalSpawner.server_accounts = 'hub'\n"
-        "c.GPUSimpleLocalSpawner.allow_root_servers = True\n"
+        Config(GPUSimpleLocalSpawner={"server_accounts": "hub", "allow_root_servers": True})
     )
     hub.create_user("alice")
     hub.create_user("bob")
@@ -227,7 +225,7 @@ def test_a_single_person_install_says_so_on_every_page_and_admits_one_user(make_
 async def test_existing_system_users_keep_their_accounts_with_workspaces_on(make_hub):
     # GPULocalSpawner: the hub user is an existing system account of the same name (an admin made
     # it); its workspace is that account's home, checkpoints are on and signed with its key file
-    hub = make_hub("c.JupyterHub.spawner_class = 'gpulab-local'\n")
+    hub = make_hub(Config(JupyterHub={"spawner_class": "gpulab-local"}))
     name = hub.account_prefix + "dave"
     home = hub.state_dir / "system-homes" / name
     home.parent.mkdir(mode=0o711)

@@ -6,10 +6,17 @@ from __future__ import annotations
 import os
 
 import pytest
+from traitlets.config import Config
 
-from tests.harness.isolation import VICTIM, kernel_attacks, local_attack_suite, prepare_victim, table
+from tests.harness.isolation import (
+    VICTIM,
+    kernel_attacks,
+    local_attack_suite,
+    prepare_victim,
+    table,
+)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="per-user accounts need a hub running as root")
@@ -27,11 +34,8 @@ async def test_no_attack_of_the_catalogue_succeeds_on_the_local_backend(make_hub
 async def test_the_catalogue_finds_the_leaks_of_a_shared_account_install(make_hub):
     # the same probes against servers that all run as root (a single-person install opened to
     # two users): they must report leaks, or the test above would prove nothing
-    hub = make_hub(
-        "c.GPUSimpleLocalSpawner.server_accounts = 'hub'\n"
-        "c.GPUSimpleLocalSpawner.allow_root_servers = True\n"
-        "c.GPUSimpleLocalSpawner.shared_account_max_users = 2\n"
-    )
+    shared = {"server_accounts": "hub", "allow_root_servers": True, "shared_account_max_users": 2}
+    hub = make_hub(Config(GPUSimpleLocalSpawner=shared))
     await prepare_victim(hub)
     attempts = await kernel_attacks(hub)
     leaked = {a.name for a in attempts if a.outcome == "leak"}

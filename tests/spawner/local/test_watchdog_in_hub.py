@@ -9,18 +9,20 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
-pytestmark = pytest.mark.e2e
+from traitlets.config import Config
 
 
 def test_server_over_its_share_is_warned_then_stopped_and_its_share_freed(make_hub, tmp_path):
     processes = tmp_path / "simulated-gpu-processes.json"
     hub = make_hub(
-        "c.GPUCapacity.declared_inventory = '1 x A100-SXM4-80GB'\n"
-        f"c.GPUSimpleLocalSpawner.simulated_gpu_processes_file = {str(processes)!r}\n"
-        "c.GPUSimpleLocalSpawner.watchdog_interval_seconds = 0.3\n"
-        "c.GPUSimpleLocalSpawner.watchdog_grace_seconds = 2\n"
+        Config(
+            GPUCapacity={"declared_inventory": "1 x A100-SXM4-80GB"},
+            GPUSimpleLocalSpawner={
+                "simulated_gpu_processes_file": str(processes),
+                "watchdog_interval_seconds": 0.3,
+                "watchdog_grace_seconds": 2,
+            },
+        )
     )
     hub.create_user("alice")
     hub.create_user("bob")

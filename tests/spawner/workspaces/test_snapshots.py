@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
-pytestmark = pytest.mark.e2e
-
 
 def test_each_stop_snapshots_the_home_and_a_snapshot_can_be_restored(make_hub):
     hub = make_hub()

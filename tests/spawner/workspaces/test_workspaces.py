@@ -12,11 +12,9 @@ import signal
 import sqlite3
 import time
 
-import pytest
+from traitlets.config import Config
 
 from tests.harness.hub import run_in_kernel
-
-pytestmark = pytest.mark.e2e
 
 
 def _token_for(hub, user: str) -> str:
@@ -122,8 +120,7 @@ def test_the_picker_offers_kernel_variables_and_snapshots_and_the_choice_is_appl
 def test_running_servers_are_snapshotted_on_a_schedule_and_on_demand(make_hub):
     # a snapshot a second, and room to keep them all: this is about the schedule, not retention
     hub = make_hub(
-        "c.GPUSimpleLocalSpawner.snapshot_interval_seconds = 1\n"
-        "c.GPUSimpleLocalSpawner.snapshot_keep_last = 1000\n"
+        Config(GPUSimpleLocalSpawner={"snapshot_interval_seconds": 1, "snapshot_keep_last": 1000})
     )
     hub.create_user("alice")
     assert hub.api("POST", "/gpulab/users/alice/snapshots").status_code == 409  # no home yet

@@ -6,11 +6,9 @@ import json
 from pathlib import Path
 
 import httpx
-import pytest
+from traitlets.config import Config
 
 from tests.harness.labserver import EXTENSION_SRC
-
-pytestmark = pytest.mark.e2e
 
 
 def test_a_quarter_share_servers_gpu_metrics_are_read_through_the_hub(
@@ -27,10 +25,9 @@ def test_a_quarter_share_servers_gpu_metrics_are_read_through_the_hub(
         "PYTHONPATH": str(EXTENSION_SRC),
         "JUPYTER_CONFIG_PATH": str(enable.parents[1]),
     }
-    hub = make_hub(
-        "c.GPUCapacity.declared_inventory = '2 x A100-SXM4-80GB'\n"
-        f"c.Spawner.environment.update({env!r})\n"
-    )
+    overlay = Config(GPUCapacity={"declared_inventory": "2 x A100-SXM4-80GB"})
+    overlay.Spawner.environment.update(env)
+    hub = make_hub(overlay)
     hub.create_user("ada")
     hub.start_server("ada", profile="gpu-quarter")
     (uuid,) = hub.server_env("ada")["GPULAB_GPU_UUIDS"].split(",")

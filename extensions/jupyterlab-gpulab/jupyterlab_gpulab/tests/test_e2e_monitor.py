@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,10 @@ import httpx
 import pytest
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
+from traitlets.config import Config
 
 from tests.harness.labserver import LabServer, pids_with_marker
+from tests.harness.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +31,9 @@ def figures(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def lab(tmp_path: Path, figures: Path) -> Iterator[LabServer]:
-    server = LabServer(
-        tmp_path / "lab",
+def lab(make_lab_server, figures: Path) -> LabServer:
+    return make_lab_server(
+        "lab",
         env={
             "GPULAB_MONITOR_SOURCE": "simulated",
             "GPULAB_GPU_UUIDS": f"{WHOLE},{MIG}",
@@ -40,13 +41,8 @@ def lab(tmp_path: Path, figures: Path) -> Iterator[LabServer]:
             "JUPYTERHUB_USER": "ada",
             "GPULAB_SIMULATED_GPU_FILE": str(figures),
         },
-        config="c.GPUMonitor.period_seconds = 0.25\n",
+        config=Config({"GPUMonitor": {"period_seconds": 0.25}}),
     )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def connect(lab: LabServer, query: str = "", **headers: str) -> WebSocketClientConnection:
@@ -74,16 +70,6 @@ async def next_message(
 def set_figures(path: Path, figures: dict[str, Any]) -> None:
     """Script the simulated GPUs (GPULAB_SIMULATED_GPU_FILE); the server re-reads it on change."""
     path.write_text(json.dumps(figures))
-
-
-def wait_for(predicate: Any, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError("condition not met")
 
 
 async def test_every_endpoint_refuses_requests_without_a_token(lab: LabServer) -> None:
@@ -129,9 +115,12 @@ def test_devices_describe_the_share_and_say_the_figures_are_simulated(lab: LabSe
 
 def test_samples_backfill_history_since_a_time(lab: LabServer) -> None:
     samples = wait_for(
+        "three samples",
         lambda: (
             len(lab.get("samples").json()["samples"]) >= 3 and lab.get("samples").json()["samples"]
-        )
+        ),
+        20,
+        0.1,
     )
     device = samples[-1]["devices"][WHOLE]
     assert device["utilization_pct"] == 50
@@ -179,7 +168,7 @@ async def test_many_panels_do_not_multiply_nvml_calls(lab: LabServer) -> None:
 
 
 def test_metrics_are_prometheus_text_with_the_fixed_names(lab: LabServer) -> None:
-    wait_for(lambda: lab.get("samples").json()["samples"])
+    wait_for("a sample", lambda: lab.get("samples").json()["samples"], 20, 0.1)
     r = lab.get("metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text = r.text
@@ -196,14 +185,13 @@ def test_metrics_are_prometheus_text_with_the_fixed_names(lab: LabServer) -> Non
 
 
 async def test_panels_beyond_max_clients_are_refused_and_stopping_leaves_no_process(
-    tmp_path: Path,
+    make_lab_server,
 ) -> None:
-    server = LabServer(
-        tmp_path / "lab2",
+    server = make_lab_server(
+        "lab2",
         env={"GPULAB_MONITOR_SOURCE": "simulated"},
-        config="c.GPUMonitor.max_clients = 1\n",
+        config=Config({"GPUMonitor": {"max_clients": 1}}),
     )
-    server.start()
     try:
         assert server.get("devices").json()["devices"], "one simulated GPU by default"
         assert server.get("lag").status_code == 404, "loop-lag measurement is opt-in"

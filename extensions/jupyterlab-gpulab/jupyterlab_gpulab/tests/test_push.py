@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -12,6 +11,8 @@ import pytest
 from jupyterlab_gpulab.push import MetricsPusher, push_settings_from_env
 from tornado import web
 from tornado.httpserver import HTTPServer
+
+from tests.harness.ports import free_port
 
 
 @dataclass
@@ -39,12 +40,6 @@ class PushHandler(web.RequestHandler):
 class RedirectHandler(web.RequestHandler):
     def post(self, path: str) -> None:
         self.redirect(f"/elsewhere/{path}", status=307)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

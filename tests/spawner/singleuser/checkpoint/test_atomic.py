@@ -14,7 +14,7 @@ import pytest
 
 from gpulab.spawner.singleuser.checkpoint.saver import NamespaceCheckpointer
 from gpulab.spawner.singleuser.checkpoint.store import CheckpointStore
-from tests.spawner.singleuser.checkpoint.conftest import key_file_for, key_for
+from tests.harness.checkpoint import key_file_for, key_for
 
 # The child saves v1, then starts saving v2 with one step made slow, announcing "MID" when it
 # gets there, so that the test kills it at a known point of the save.

@@ -4,31 +4,25 @@ packages survive stopping and starting the server."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from traitlets.config import Config
 
-from tests.harness.wheels import build_tiny_wheel
 from tests.harness.hub import Hub, run_in_kernel
-
-pytestmark = pytest.mark.e2e
+from tests.harness.wheels import build_tiny_wheel
 
 # Nothing to configure: GPUSimpleLocalSpawner wires the workspace in by default (environment from
 # persistent_env with the user's derived key, the home prepared before spawn, a shutdown grace for
 # the final save, a snapshot of the home on stop).
-OVERLAY = ""
+OVERLAY = Config()
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    h = Hub(tmp_path_factory.mktemp("ckpt-e2e") / "hub", OVERLAY)
-    h.start()
-    try:
-        h.create_user("alice")
-        yield h
-    finally:
-        h.close()
+def hub(make_module_hub) -> Hub:
+    h = make_module_hub(OVERLAY, name="ckpt-e2e")
+    h.create_user("alice")
+    return h
 
 
 def _restart(hub: Hub, user: str) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 from gpulab.spawner.singleuser.checkpoint.namespace import unpickle_value
 from gpulab.spawner.singleuser.checkpoint.store import CURRENT, OFFERED, CheckpointStore
+from tests.harness.wait import wait_for
 
 SETUP = """
 import numpy as np
@@ -37,15 +37,6 @@ print(config, scale(10), run.label(), np.__name__)
 def _manifest(root: Path, which: str = CURRENT) -> dict:
     raw = (root / "default" / which).read_bytes().partition(b"\n")[2]
     return json.loads(raw)
-
-
-def _wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out")
 
 
 def test_variables_come_back_after_a_restart_when_the_user_restores(
@@ -76,10 +67,15 @@ def test_a_cell_is_saved_once_the_kernel_is_idle_and_survives_a_kill(
     root = tmp_path / "ckpt"
     k1 = start_kernel(env)
     k1.run("x = [1, 2, 3]")
-    _wait_for(lambda: (root / "default" / CURRENT).exists() and "x" in _manifest(root)["variables"])
+    wait_for(
+        "a checkpoint with x",
+        lambda: (root / "default" / CURRENT).exists() and "x" in _manifest(root)["variables"],
+        20,
+        0.1,
+    )
     assert _manifest(root)["kind"] == "incremental"
     k1.run("x.append(4)")
-    _wait_for(lambda: _saved_x(root, env) == [1, 2, 3, 4])
+    wait_for("x saved as [1, 2, 3, 4]", lambda: _saved_x(root, env) == [1, 2, 3, 4], 20, 0.1)
     os.kill(k1.pid, signal.SIGKILL)  # no chance to save at exit
     k1.wait_exit()
 

@@ -20,7 +20,7 @@ from gpulab.spawner.singleuser.checkpoint import derive_user_key, describe, list
 from gpulab.spawner.singleuser.checkpoint.saver import NamespaceCheckpointer
 from gpulab.spawner.singleuser.checkpoint.signing import CheckpointRefused
 from gpulab.spawner.singleuser.checkpoint.store import CURRENT, MAX_MANIFEST_BYTES, CheckpointStore
-from tests.spawner.singleuser.checkpoint.conftest import HUB_SECRET, key_for
+from tests.harness.checkpoint import HUB_SECRET, key_for
 
 
 class Point:  # an importable class: pickled by reference

@@ -1,24 +1,28 @@
-"""A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)
-plus gpulab's node agent, once per test session.
+"""Kubernetes pieces the dev-cluster tests, the GPUKubeSpawner tests and the benchmarks share: the
+session cluster's nodes, pod manifests, blocking REST helpers over a cluster, and the config of a
+hub that spawns onto one (so `python -m bench.isolation` measures what the kube tests assert).
 
 The first session on a machine builds the Kubernetes binaries (~10 min on 2 cores) into
-~/.cache/gpulab (or $GPULAB_KUBE_CACHE); later sessions start the cluster in ~10 s.
+~/.cache/gpulab (or $GPULAB_KUBE_CACHE); later sessions start a cluster in ~10 s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
+import sys
 import urllib.error
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-import pytest
+from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster, NodeSpec
-from tests.harness.cluster import running_dev_cluster
+from tests.harness.hub import merged
+from tests.harness.wait import wait_for
+
+# -- the session cluster (tests/devcluster) ------------------------------------------------------
 
 # gpu-a: the scheduler test's 8 GPUs; gpu-b: MIG, time-slicing and HAMi resources;
 # gpu-fail: the node the failure test stops; gpu-spot: a tainted spot node
@@ -36,42 +40,6 @@ KUBE_NODES = [
     NodeSpec("gpu-fail", gpus=1, zone="zone-c", rack="rack-3"),
     NodeSpec("gpu-spot", gpus=4, zone="zone-b", rack="rack-4", spot=True),
 ]
-BUILD_TIMEOUT_NOTE = "a cold build takes ~10 min on 2 cores; later sessions use the cache"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "kube: runs against the real dev-cluster control plane (builds Kubernetes once per machine)",
-    )
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.kube)
-
-
-@pytest.fixture(scope="session")
-def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    """The session's cluster: KUBE_NODES, fast node-failure timing, stopped at the end."""
-    with running_dev_cluster(tmp_path_factory.mktemp("dev-cluster"), KUBE_NODES) as cluster:
-        yield cluster
-
-
-def wait_for(
-    what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.2
-) -> Any:
-    """Poll check() until it returns something truthy; fail with `what` after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
 def pod_manifest(
@@ -84,6 +52,7 @@ def pod_manifest(
     restart: str = "Never",
     **container: Any,
 ) -> dict[str, Any]:
+    """A one-container Pod running `command` (the node agent runs it as a process)."""
     c: dict[str, Any] = {
         "name": "main",
         "image": "python:3.11",
@@ -180,32 +149,27 @@ class Kube:
             wait_for(f"pod {name} to go away", lambda n=name: self.pod(n) is None, 60)
 
 
-@pytest.fixture
-def kube(dev_cluster: DevCluster) -> Iterator[Kube]:
-    k = Kube(dev_cluster)
-    yield k
-    k.close()
-
-
-@pytest.fixture
-def kube_ns(dev_cluster: DevCluster) -> Iterator[Kube]:
-    """Like `kube`, in a fresh namespace (ready for pods: its ServiceAccount token exists);
-    the namespace is deleted afterwards."""
+@contextlib.contextmanager
+def fresh_namespace(cluster: DevCluster) -> Iterator[Kube]:
+    """A Kube in a new namespace whose default ServiceAccount token exists (pods can start);
+    what it made and the namespace are deleted on exit."""
     name = f"test-{uuid.uuid4().hex[:8]}"
-    dev_cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
 
     def service_account_ready() -> bool:
         try:
-            sa = dev_cluster.api("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")
+            sa = cluster.api("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")
         except urllib.error.HTTPError:
             return False
         return bool(sa.get("secrets"))
 
     wait_for(f"namespace {name}'s default ServiceAccount", service_account_ready, 60)
-    k = Kube(dev_cluster, name)
-    yield k
-    k.close()
-    dev_cluster.api("DELETE", f"/api/v1/namespaces/{name}")
+    k = Kube(cluster, name)
+    try:
+        yield k
+    finally:
+        k.close()
+        cluster.api("DELETE", f"/api/v1/namespaces/{name}")
 
 
 def container_state(pod: dict[str, Any]) -> dict[str, Any]:
@@ -214,3 +178,87 @@ def container_state(pod: dict[str, Any]) -> dict[str, Any]:
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=1)[:3000]
+
+
+# -- a hub with GPUKubeSpawner (tests/spawner/kube, bench.isolation) ------------------------------
+
+SPAWNER_NODES = [
+    NodeSpec(
+        "gk-a100",
+        gpus=8,
+        zone="zone-a",
+        rack="rack-1",
+        mig={"1g.10gb": 7, "2g.20gb": 3, "4g.40gb": 1},
+        time_slicing_replicas=2,
+    ),
+    NodeSpec(
+        "gk-t4", gpus=1, gpu_product="NVIDIA-T4", gpu_memory_mib=15360, zone="zone-b", rack="rack-2"
+    ),
+]
+
+SPAWNER_PROFILES = [
+    {"slug": "cpu", "gpus": 0, "default": True},
+    {"slug": "a100-quarter", "gpus": "1/4", "gpu_model": "A100-SXM4-80GB"},
+    {"slug": "a100-1", "gpus": 1, "gpu_model": "A100-SXM4-80GB"},
+    {"slug": "a100-4", "gpus": 4, "gpu_model": "A100-SXM4-80GB"},
+    {"slug": "a100-spot-8", "gpus": 8, "gpu_model": "A100-SXM4-80GB", "priority": "preemptible"},
+    {"slug": "t4-1", "gpus": 1, "gpu_model": "T4"},
+]
+
+KUBE_HUB_OVERLAY = Config(
+    {
+        "JupyterHub": {"spawner_class": "gpulab-kube", "hub_connect_ip": "127.0.0.1"},
+        "GPUKubeSpawner": {
+            "namespace": "default",
+            "image": "gpulab/singleuser:dev",  # not pulled: the node agent runs cmd
+            "start_timeout": 120,
+            "http_timeout": 90,
+            "delete_grace_period": 5,
+            "node_failure_seconds": 2,
+            "gpu_sharing": "mig",
+            "prestop_command": [sys.executable, "-m", "gpulab.spawner.singleuser.prestop"],
+            "network_policy_hub_cidrs": ["127.0.0.1/32"],  # the test hub runs on the host
+        },
+        "GPUCapacity": {
+            "profiles": SPAWNER_PROFILES,
+            # these tests are about the cluster's capacity, not quotas
+            "default_user_quota_gpus": 8,
+        },
+    }
+)
+
+#: KUBE_HUB_OVERLAY with workspaces: the home prepared by the pod itself, snapshots
+KUBE_WORKSPACE_OVERLAY = merged(
+    KUBE_HUB_OVERLAY,
+    Config(
+        {
+            "GPUKubeSpawner": {
+                "workspace_prepare_command": [
+                    sys.executable,
+                    "-m",
+                    "gpulab.spawner.singleuser.checkpoint.prepare",
+                ],
+                "snapshot_timeout_seconds": 60,
+            }
+        }
+    ),
+)
+
+
+def placed_pods(cluster: DevCluster) -> list[dict[str, Any]]:
+    """The pods of gpulab servers (those with a placement annotation) in namespace default."""
+    return [
+        p
+        for p in cluster.api("GET", "/api/v1/namespaces/default/pods")["items"]
+        if "gpulab.io/placement" in (p["metadata"].get("annotations") or {})
+    ]
+
+
+def placed_pod_of(cluster: DevCluster, user: str) -> dict[str, Any]:
+    """`user`'s one placed pod."""
+    (pod,) = [
+        p
+        for p in placed_pods(cluster)
+        if p["metadata"]["annotations"].get("hub.jupyter.org/username") == user
+    ]
+    return pod
