@@ -19,13 +19,8 @@ from pathlib import Path
 
 from tests.harness.cluster import running_dev_cluster
 from tests.harness.hub import Hub
-from tests.harness.isolation import (
-    Attempt,
-    kube_attack_suite,
-    local_attack_suite,
-    metadata_endpoint,
-    table,
-)
+from tests.harness.isolation import Attempt, local_attack_suite, table
+from tests.harness.isolation_kube import kube_attack_suite, metadata_endpoint
 
 BACKENDS = ("local", "kube")
 

@@ -13,14 +13,8 @@ from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster
 from tests.harness.hub import merged
-from tests.harness.isolation import (
-    VICTIM,
-    kube_attack_suite,
-    kube_kernel_attacks,
-    metadata_endpoint,
-    prepare_victim,
-    table,
-)
+from tests.harness.isolation import VICTIM, prepare_victim, table
+from tests.harness.isolation_kube import kube_attack_suite, kube_kernel_attacks, metadata_endpoint
 from tests.harness.kube import KUBE_WORKSPACE_OVERLAY, SPAWNER_NODES
 
 pytestmark = pytest.mark.skipif(
