@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -30,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     os.chdir(state)
+    # an ignored SIGINT (a background job's) would survive the exec and reach the hub's services
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execve(str(jupyterhub), [str(jupyterhub), "-f", str(DEFAULT_CONFIG), *args.extra], env)
     return 0  # not reached
 

@@ -16,6 +16,15 @@ from gpulab.hub.apihandlers.gpulab import gpulab_handlers  # noqa: F401  (for ad
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
+# JupyterHub starts its services before it installs its own signal handlers, and stops them with
+# SIGINT (then SIGTERM after 30 s each). A hub started from a background job (nohup, a CI script, a
+# service manager's `&`) has SIGINT *ignored*, which its services would inherit and keep: the hub
+# would then take a minute to stop. Restore the default now, in the hub, before any service starts.
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # The hub's database, secrets and the admin's first password live in its working directory, beside
 # the users' homes: the directory is 0711 and the hub's files in it 0600 (gpulab.hub.state_dir).
 from gpulab.hub.state_dir import secure_state_dir  # noqa: E402

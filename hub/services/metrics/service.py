@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,11 +48,10 @@ from traitlets.config import Application
 from traitlets.config.loader import PyFileConfigLoader
 
 from gpulab.hub.alerts import RuleError, parse_rules
-
+from gpulab.hub.metrics_names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_PATH
 from gpulab.hub.services.metrics.aggregate import Aggregate
 from gpulab.hub.services.metrics.exposition import exposition
 from gpulab.hub.services.metrics.listing import Target, list_targets, server_runs
-from gpulab.hub.metrics_names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_PATH
 from gpulab.hub.services.metrics.push import PushRefused, authorize_push, push_result
 
 DEFAULT_RULES = 'IF gpu_utilization < 5% FOR 30m THEN alert("IDLE_GPU", severity="warning")'
@@ -353,12 +353,29 @@ class MetricsService(Application):
             PUSH_PATH.strip("/"),
             "; ".join(r.to_text() for r in self.aggregate.rules) or "none",
         )
+        # The hub stops its services with SIGINT, then SIGTERM 30 s later: either ends the listing
+        # loop at once. Handlers are installed explicitly because a hub started from a background
+        # job passes an *ignored* SIGINT on to its services, and Python keeps it ignored.
+        loop, listing = asyncio.get_running_loop(), asyncio.current_task()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._stop_on_signal, signum, listing)
         try:
             await self.run_loop()
+        except asyncio.CancelledError:
+            if not self.stop_signal:
+                raise
+            self.log.info("gpulab-metrics: stopping on %s", signal.Signals(self.stop_signal).name)
         finally:
             server.stop()
             if self.client is not None:
                 self.client.close()
+
+    stop_signal = 0
+
+    def _stop_on_signal(self, signum: int, listing: asyncio.Task[Any] | None) -> None:
+        self.stop_signal = signum
+        if listing is not None:
+            listing.cancel()
 
 
 class JSONErrors(web.RequestHandler):
