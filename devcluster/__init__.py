@@ -11,8 +11,9 @@ See README.md in this folder for ports, directories and how the node agent diffe
 """
 
 from .build import BuildError, ensure_binaries
-from .cluster import DevCluster, DevClusterError, Timing, default_state_dir
+from .cluster import DevCluster
 from .spec import NodeSpec, default_nodes
+from .state import DevClusterError, Timing, default_state_dir
 
 __all__ = [
     "BuildError",

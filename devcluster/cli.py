@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from .build import BuildError, ensure_binaries
-from .cluster import DevCluster, DevClusterError, Timing, default_state_dir
+from .cluster import DevCluster
 from .spec import NodeSpec, default_nodes
+from .state import DevClusterError, Timing, default_state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,8 +96,6 @@ def _print_status(status: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gpulab.devcluster", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m gpulab.devcluster", description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -16,11 +16,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# the names the kube spawner and the allocator read on Nodes: one spelling for both sides
+from gpulab.spawner.names import (
+    GPU_RESOURCE,
+    HAMI_CORES_RESOURCE,
+    HAMI_MEMORY_RESOURCE,
+    HOSTNAME_LABEL,
+    MIG_RESOURCE_PREFIX,
+    PRODUCT_LABEL,
+    RACK_LABEL,
+    SHARED_GPU_RESOURCE,
+    SPOT_LABEL,
+    SPOT_TAINT_KEY,
+    ZONE_LABEL,
+)
+
 KUBELET_VERSION = "v1.20.2"
-SPOT_TAINT_KEY = "gpulab.io/spot"
-SPOT_LABEL = "gpulab.io/capacity-type"
-RACK_LABEL = "gpulab.io/rack"
-ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 @dataclass(frozen=True)
@@ -96,20 +107,20 @@ def capacity(spec: NodeSpec) -> dict[str, str]:
         "hugepages-2Mi": "0",
     }
     if spec.gpus:
-        cap["nvidia.com/gpu"] = str(spec.gpus)
+        cap[GPU_RESOURCE] = str(spec.gpus)
     for profile, count in sorted(spec.mig.items()):
-        cap[f"nvidia.com/mig-{profile}"] = str(count)
+        cap[MIG_RESOURCE_PREFIX + profile] = str(count)
     if spec.time_slicing_replicas:
-        cap["nvidia.com/gpu.shared"] = str(spec.gpus * spec.time_slicing_replicas)
+        cap[SHARED_GPU_RESOURCE] = str(spec.gpus * spec.time_slicing_replicas)
     if spec.hami and spec.gpus:
-        cap["nvidia.com/gpumem"] = str(spec.gpus * spec.gpu_memory_mib)
-        cap["nvidia.com/gpucores"] = str(spec.gpus * 100)
+        cap[HAMI_MEMORY_RESOURCE] = str(spec.gpus * spec.gpu_memory_mib)
+        cap[HAMI_CORES_RESOURCE] = str(spec.gpus * 100)
     return cap
 
 
 def labels(spec: NodeSpec) -> dict[str, str]:
     out = {
-        "kubernetes.io/hostname": spec.name,
+        HOSTNAME_LABEL: spec.name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "beta.kubernetes.io/os": "linux",
@@ -122,7 +133,7 @@ def labels(spec: NodeSpec) -> dict[str, str]:
     }
     if spec.gpus or spec.mig:
         out["nvidia.com/gpu.present"] = "true"
-        out["nvidia.com/gpu.product"] = spec.gpu_product
+        out[PRODUCT_LABEL] = spec.gpu_product
         out["nvidia.com/gpu.count"] = str(spec.gpus)
         out["nvidia.com/gpu.memory"] = str(spec.gpu_memory_mib)
     if spec.mig:

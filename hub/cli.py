@@ -40,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
 def _add_dev_cluster(p: argparse.ArgumentParser) -> None:
     try:
         from gpulab.devcluster import cli as dev_cluster
-    except ImportError:
+    except ModuleNotFoundError as e:
+        if e.name != "gpulab.devcluster":
+            raise  # installed but broken (a dependency missing): say what is missing
         # the dev cluster is a development tool of its own distribution, not in gpulab's wheel
         p.set_defaults(func=_dev_cluster_missing)
         p.add_argument("args", nargs=argparse.REMAINDER)

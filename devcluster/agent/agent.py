@@ -28,7 +28,8 @@ from . import netpolicy
 from .devices import Devices
 from .kube import Events, api_client, log, watch_forever
 from .nodes import NodeHeartbeat
-from .pods import IPPool, NodeContext, PodManager
+from .pods import PodManager
+from .podstate import IPPool, NodeContext
 from .runtime import HostPaths
 from .snapshots import SnapshotController
 from .volumes import Provisioner

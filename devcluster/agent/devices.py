@@ -11,12 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpulab.spawner.names import (
+    GPU_RESOURCE,
+    HAMI_CORES_RESOURCE,
+    HAMI_MEMORY_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    SHARED_GPU_RESOURCE,
+)
+
 from ..spec import NodeSpec
 from .kube import log
 
-GPU = "nvidia.com/gpu"
-SHARED = "nvidia.com/gpu.shared"
-MIG_PREFIX = "nvidia.com/mig-"
+GPU = GPU_RESOURCE
+SHARED = SHARED_GPU_RESOURCE
+MIG_PREFIX = MIG_RESOURCE_PREFIX
 
 
 class Devices:
@@ -62,11 +70,11 @@ class Devices:
         env: dict[str, str] = {}
         if visible:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(visible))
-        if "nvidia.com/gpumem" in limits:
+        if HAMI_MEMORY_RESOURCE in limits:
             for i in range(len(dict.fromkeys(visible)) or 1):
-                env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{limits['nvidia.com/gpumem']}m"
-        if "nvidia.com/gpucores" in limits:
-            env["CUDA_DEVICE_SM_LIMIT"] = str(limits["nvidia.com/gpucores"])
+                env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{limits[HAMI_MEMORY_RESOURCE]}m"
+        if HAMI_CORES_RESOURCE in limits:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(limits[HAMI_CORES_RESOURCE])
         return env
 
     def release(self, prefix: str) -> None:

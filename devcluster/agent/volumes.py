@@ -21,7 +21,7 @@ from kubernetes_asyncio import client
 
 from gpulab.spawner.singleuser.checkpoint import snapshots as trees
 
-from . import snapshots
+from . import snapshotapi, snapshots
 from .kube import Events, log, raw, status_of, watch_forever
 from .podsecurity import copy_ownership
 
@@ -52,7 +52,7 @@ def _snapshot_source(spec: dict[str, Any]) -> str | None:
     """The VolumeSnapshot a claim's dataSource (or dataSourceRef) names, if any."""
     for key in ("dataSource", "dataSourceRef"):
         ref = spec.get(key) or {}
-        if ref.get("kind") == "VolumeSnapshot" and ref.get("apiGroup") == snapshots.GROUP:
+        if ref.get("kind") == "VolumeSnapshot" and ref.get("apiGroup") == snapshotapi.GROUP:
             return str(ref.get("name") or "")
     return None
 
@@ -173,7 +173,7 @@ class Provisioner:
 
     async def _snapshot_for(self, ns: str, name: str) -> tuple[trees.Snapshot | None, str]:
         """The tree of a ready gpulab-local VolumeSnapshot, or why there is none (yet)."""
-        G, V = snapshots.GROUP, snapshots.VERSION
+        G, V = snapshotapi.GROUP, snapshotapi.VERSION
         try:
             vs = await raw(
                 self.custom.get_namespaced_custom_object(

@@ -15,6 +15,28 @@ def gpulab(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+# a gpulab without the gpulab-devcluster distribution (None in sys.modules: the import fails as if
+# the package were absent, while this venv keeps it installed for the other tests)
+WITHOUT_DEVCLUSTER = """
+import sys
+sys.modules["gpulab.devcluster"] = None
+from gpulab.hub.cli import main
+sys.exit(main(["dev-cluster", *sys.argv[1:]]))
+"""
+
+
+def test_cli_without_the_devcluster_distribution_says_how_to_install_it() -> None:
+    for action in ("up", "status", "down"):
+        done = subprocess.run(
+            [sys.executable, "-c", WITHOUT_DEVCLUSTER, action],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "not installed" in done.stderr and "pip install -e ./devcluster" in done.stderr
+
+
 def test_cli_up_status_down_leaves_no_process_behind(tmp_path: Path, dev_cluster) -> None:
     state = tmp_path / "cli-cluster"
     nodes = tmp_path / "nodes.json"

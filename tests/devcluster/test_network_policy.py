@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpulab.devcluster.agent import netpolicy
-from gpulab.spawner.kube.isolation import CLOUD_METADATA_IP, singleuser_network_policy
+from gpulab.spawner.kube.objects import CLOUD_METADATA_IP, singleuser_network_policy
 from tests.harness.kube import Kube, pod_manifest
 from tests.harness.wait import wait_for
 
