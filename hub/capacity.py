@@ -12,10 +12,11 @@ import contextlib
 import socket
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from traitlets import Any as AnyTrait
@@ -299,13 +300,31 @@ class GPUCapacity(SingletonConfigurable):
     def inventory_is_declared(self) -> bool:
         return self.inventory_label.startswith("declared")
 
+    #: inventory sources kept current by a spawner backend, by `inventory_source` name: the
+    #: backend registers itself when its module is imported (gpulab.spawner.kube.spawner:
+    #: "kubernetes"), so the hub never imports a spawner package (no hub -> spawner cycle), and
+    #: a hub without the Kubernetes extra never loads a Kubernetes client. JupyterHub imports its
+    #: spawner_class while loading the config, before any request can reach `ready()`.
+    _inventory_sources: ClassVar[dict[str, Callable[[GPUCapacity], Awaitable[object]]]] = {}
+
+    @classmethod
+    def register_inventory_source(
+        cls, name: str, ensure: Callable[[GPUCapacity], Awaitable[object]]
+    ) -> None:
+        """`await ensure(capacity)` makes the allocator reflect source `name` (e.g. syncs the
+        cluster's watches and calls `attach`); `ready()` calls it for that inventory_source."""
+        cls._inventory_sources[name] = ensure
+
     async def ready(self) -> None:
         """Make sure the allocator reflects the current cluster (Kubernetes: watches synced)."""
-        if self.inventory_source == "kubernetes":
-            # imported here: only hubs that spawn on Kubernetes need a Kubernetes client
-            from gpulab.spawner.kube.state import ensure_kube_state
-
-            await ensure_kube_state(self)
+        ensure = self._inventory_sources.get(self.inventory_source)
+        if ensure is not None:
+            await ensure(self)
+        elif self.inventory_source == "kubernetes":
+            raise RuntimeError(
+                "GPUCapacity.inventory_source is 'kubernetes' but no Kubernetes spawner is loaded: "
+                "set JupyterHub.spawner_class = 'gpulab-kube' (needs the gpulab[kube] extra)"
+            )
 
     def attach(self, allocator: Allocator, inventory: Inventory, label: str) -> None:
         """Use an allocator maintained elsewhere (the Kubernetes backend's, rebuilt from the

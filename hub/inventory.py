@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass
 
 from gpulab.hub.allocator import GPU, Node
+from gpulab.spawner.names import INVENTORY_LABEL, MIG_ENABLED_LABEL
 
 DECLARED = "declared"
 NVML = "nvml"
@@ -123,7 +124,7 @@ def parse_declared(
         cpu_milli=cpu_milli if cpu_milli is not None else machine_cpu_milli(),
         memory_mib=memory_mib if memory_mib is not None else machine_memory_mib(),
         gpus=tuple(gpus),
-        labels={"gpulab.io/inventory": DECLARED},
+        labels={INVENTORY_LABEL: DECLARED},
     )
 
 
@@ -226,5 +227,5 @@ def discover_nvml(
         gpus=tuple(gpus),
         # MIG slices are handed out by the Kubernetes device plugin; locally we record which GPUs
         # are in MIG mode so the UI can say so.
-        labels={"gpulab.io/inventory": NVML, "gpulab.io/mig-enabled": ",".join(mig_enabled)},
+        labels={INVENTORY_LABEL: NVML, MIG_ENABLED_LABEL: ",".join(mig_enabled)},
     )

@@ -114,7 +114,7 @@ def _free_loopback_port() -> int:
 
 
 if os.environ.get("GPULAB_METRICS_SERVICE", "1").strip().lower() not in ("0", "false", "no", "off"):
-    from gpulab.hub.metrics_names import (
+    from gpulab.spawner.names import (
         DEFAULT_PUSH_INTERVAL_SECONDS,
         PUSH_INTERVAL_ENV,
         PUSH_PATH,

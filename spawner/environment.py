@@ -15,6 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab.spawner.names import (
+    CAPS_HOOK_ENV,
+    GPU_ENFORCEMENT_ENV,
+    GPU_FRACTION_ENV,
+    GPU_MEMORY_LIMIT_MIB_ENV,
+    GPU_UUIDS_ENV,
+    ISOLATION_ENV,
+)
+
 EXCLUSIVE = "exclusive"
 MPS = "mps"
 FRAMEWORK_CAPS = "framework-caps"
@@ -82,29 +91,25 @@ def gpu_environment(
 ) -> tuple[dict[str, str], Enforcement]:
     """Environment variables for a server holding `gpus`, and the enforcement they amount to."""
     enforcement = enforcement_for(gpus, mps_available=bool(mps_pipe_directory))
-    env: dict[str, str] = {"GPULAB_ISOLATION": enforcement.isolation}
+    env: dict[str, str] = {ISOLATION_ENV: enforcement.isolation}
     if not gpus:
         # An empty CUDA_VISIBLE_DEVICES hides every GPU; unset would expose them all.
         env.update(CUDA_VISIBLE_DEVICES="", NVIDIA_VISIBLE_DEVICES="void")
-        env["GPULAB_GPU_ENFORCEMENT"] = enforcement.mechanism
+        env[GPU_ENFORCEMENT_ENV] = enforcement.mechanism
         return env, enforcement
     uuids = ",".join(g.uuid for g in gpus)
     env.update(
         CUDA_VISIBLE_DEVICES=uuids,
         NVIDIA_VISIBLE_DEVICES=uuids,
         CUDA_DEVICE_ORDER="PCI_BUS_ID",
-        GPULAB_GPU_UUIDS=uuids,
-        GPULAB_GPU_ENFORCEMENT=enforcement.mechanism,
     )
+    env.update({GPU_UUIDS_ENV: uuids, GPU_ENFORCEMENT_ENV: enforcement.mechanism})
     if enforcement.mechanism == EXCLUSIVE:
         return env, enforcement
 
     g = gpus[0]
     limit = g.memory_limit_mib
-    env.update(
-        GPULAB_GPU_FRACTION=f"{g.milli / 1000:.3f}",
-        GPULAB_GPU_MEMORY_LIMIT_MIB=str(limit),
-    )
+    env.update({GPU_FRACTION_ENV: f"{g.milli / 1000:.3f}", GPU_MEMORY_LIMIT_MIB_ENV: str(limit)})
     if enforcement.mechanism == MPS:
         env.update(
             CUDA_MPS_PIPE_DIRECTORY=mps_pipe_directory,
@@ -121,9 +126,9 @@ def gpu_environment(
             # JAX preallocates exactly its share instead of 75 % of the device
             XLA_PYTHON_CLIENT_MEM_FRACTION=f"{g.milli / 1000:.3f}",
             TF_FORCE_GPU_ALLOW_GROWTH="true",
-            # gpulab's sitecustomize caps torch and tensorflow once they are imported
-            GPULAB_CAPS_HOOK="1",
         )
+        # gpulab's sitecustomize caps torch and tensorflow once they are imported
+        env[CAPS_HOOK_ENV] = "1"
     return env, enforcement
 
 

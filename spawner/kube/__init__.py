@@ -3,7 +3,8 @@
 The spawner needs the ``kube`` extra (KubeSpawner, kubernetes_asyncio). It lives in
 `gpulab.spawner.kube.spawner` and is re-exported here, lazily, so that
 ``gpulab.spawner.kube.GPUKubeSpawner`` keeps working in existing configs while the pure modules
-of this package (manifest builders, GPU resources) import without KubeSpawner.
+of this package (manifests in `objects`, `gpu_resources`, `nodes`, `quantities`, `snapshots`)
+import without KubeSpawner; `isolation`, `state` and `spawner` need the client.
 """
 
 from __future__ import annotations

@@ -1,153 +1,234 @@
-"""Tenant isolation of server pods, as pure manifest builders (no client): security contexts,
-the singleuser NetworkPolicy and the checkpoint key as a Secret volume.
+"""Tenant isolation of GPUKubeSpawner's servers: who a server runs as, what it may do, whom it
+may reach (issue 12), on by default whatever the profiles.
 
-- Security contexts: every server runs as a fixed non-root uid/gid (docker-stacks' 1000/100),
-  `runAsNonRoot` (the kubelet refuses to start a container that would run as root), no privilege
-  escalation (no_new_privs: setuid binaries gain nothing), all capabilities dropped and the
-  runtime's default seccomp profile.
-- One NetworkPolicy selects every user server by label, as z2jh's `singleuser` policy does: the
-  rules are the same for every server, so one object (shipped by a chart, or created by the
-  spawner) replaces a per-server object that every spawn would create and every crash could leak.
-  Ingress only from the hub, the proxy and the metrics scraper (pods labelled
-  `hub.jupyter.org/network-access-singleuser: "true"`, or the ipBlocks of a hub outside the
-  cluster) on the server's port; egress only to the hub API, DNS and, optionally, the internet
-  with private ranges and the cloud metadata address cut out (`ipBlock.except`). Selected pods
-  then accept nothing from each other.
-- The checkpoint key: a Secret volume, read-only, files 0440 group-owned by fsGroup (the kubelet's
-  ownership rule for Secret volumes), so only the pod's own processes read it.
+Every server runs as a fixed non-root uid/gid with `runAsNonRoot`, no privilege escalation, no
+capabilities and the runtime's seccomp profile; the namespace gets the `gpulab-singleuser`
+NetworkPolicy. The manifests are pure builders in `objects`; this mixin holds the options and
+keeps the NetworkPolicy in place with the spawner's Kubernetes client.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import urlparse
 
-#: pod label of the hub, proxy and metrics pods allowed to reach user servers (z2jh's name)
-NETWORK_ACCESS_LABEL = "hub.jupyter.org/network-access-singleuser"
-#: the link-local address where clouds serve instance credentials to anything that asks
-CLOUD_METADATA_IP = "169.254.169.254"
-#: never "the internet": private networks (the cluster's pods and nodes) and loopback (the node's
-#: own processes; on the dev cluster, where pods share the host network, the other pods too)
-PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8")
-SECCOMP_TYPES = ("RuntimeDefault", "Unconfined", "Localhost")
-#: where the checkpoint key Secret is mounted in the server container, and its file there
-CHECKPOINT_KEY_DIR = "/etc/gpulab/checkpoint-key"
-CHECKPOINT_KEY_VOLUME = "gpulab-checkpoint-key"
+from kubernetes_asyncio.client import NetworkingV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+from tornado import web
+from traitlets import Bool, Callable, Dict, Integer, List, Unicode, Union, default, validate
+from traitlets.config import Configurable
+
+from gpulab.spawner.kube.objects import (
+    CLOUD_METADATA_IP,
+    MANAGED_BY,
+    container_security_context,
+    pod_security_context,
+    seccomp_profile,
+    singleuser_network_policy,
+)
+from gpulab.spawner.names import PUSH_URL_ENV
 
 
-def seccomp_profile(value: str) -> dict[str, str]:
-    """`RuntimeDefault`, `Unconfined` or `Localhost/<path>` as a seccompProfile; ValueError else."""
-    kind, _, path = value.partition("/")
-    if kind not in SECCOMP_TYPES or (kind == "Localhost") != bool(path):
-        raise ValueError(
-            f"seccomp profile {value[:80]!r}: use RuntimeDefault, Unconfined or Localhost/<file>"
+class KubeIsolationMixin(Configurable):
+    """Security contexts and the servers' NetworkPolicy for GPUKubeSpawner (before KubeSpawner in
+    its bases, so these defaults replace KubeSpawner's)."""
+
+    # attributes of KubeSpawner / Spawner this mixin uses
+    api: Any
+    namespace: str
+    port: int
+    hub: Any
+    environment: Any
+    component_label: str
+    common_labels: dict[str, str]
+
+    uid = Union(
+        [Integer(), Callable()],
+        default_value=1000,
+        allow_none=True,
+        config=True,
+        help="""The uid the server container runs as (runAsUser). gpulab's default is 1000, the
+        jovyan user of the Jupyter docker-stacks images; every user's pod runs as this uid, and
+        pods are kept apart by the container runtime and the NetworkPolicy, not by uids. None:
+        the image's USER (then `run_as_non_root` refuses an image that runs as root).""",
+    )
+    gid = Union(
+        [Integer(), Callable()],
+        default_value=100,
+        allow_none=True,
+        config=True,
+        help="""The primary gid of the server container (runAsGroup); gpulab's default 100, the
+        `users` group of the docker-stacks images.""",
+    )
+    fs_gid = Union(
+        [Integer(), Callable()],
+        default_value=100,
+        allow_none=True,
+        config=True,
+        help="""fsGroup of the pod: volumes (the home PVC, the checkpoint key Secret) are
+        group-owned by it, so the non-root server can write its home and read its key. gpulab's
+        default 100, as `gid`.""",
+    )
+    run_as_non_root = Bool(
+        True,
+        config=True,
+        help="""Set runAsNonRoot on the pod and the server container: the kubelet refuses to start
+        a container that would run as uid 0 (CreateContainerConfigError). Turn off only for an
+        image that must start as root.""",
+    )
+    seccomp_profile = Unicode(
+        "RuntimeDefault",
+        config=True,
+        help="""seccompProfile of the pod and server container: RuntimeDefault (the container
+        runtime's default syscall filter), Localhost/<file> or Unconfined.""",
+    )
+    drop_capabilities = List(
+        Unicode(),
+        ["ALL"],
+        config=True,
+        help="""Linux capabilities dropped from the server container (securityContext.capabilities
+        .drop). A notebook server needs none.""",
+    )
+
+    @validate("seccomp_profile")
+    def _check_seccomp(self, proposal: Any) -> str:
+        try:
+            seccomp_profile(proposal["value"])
+        except ValueError as e:
+            raise ValueError(f"GPUKubeSpawner.seccomp_profile: {e}") from None
+        return str(proposal["value"])
+
+    @validate("uid", "run_as_non_root")
+    def _check_non_root(self, proposal: Any) -> Any:
+        # config loading holds cross-validation until every option is set: both orders work
+        uid = proposal["value"] if proposal["trait"].name == "uid" else self.uid
+        non_root = (
+            proposal["value"]
+            if proposal["trait"].name == "run_as_non_root"
+            else self.run_as_non_root
         )
-    return {"type": kind, "localhostProfile": path} if path else {"type": kind}
+        if non_root and isinstance(uid, int) and uid == 0:
+            raise ValueError(
+                "GPUKubeSpawner.uid = 0 contradicts GPUKubeSpawner.run_as_non_root = True: the "
+                "kubelet would refuse to start every server; use a non-root uid (e.g. 1000)"
+            )
+        return proposal["value"]
 
-
-def pod_security_context(*, run_as_non_root: bool, seccomp: str) -> dict[str, Any]:
-    """Pod-level hardening: applies to every container of the pod, init containers an admin adds
-    included (KubeSpawner adds fsGroup and supplementalGroups from fs_gid/supplemental_gids)."""
-    psc: dict[str, Any] = {"seccompProfile": seccomp_profile(seccomp)}
-    if run_as_non_root:
-        psc["runAsNonRoot"] = True
-    return psc
-
-
-def container_security_context(
-    *, run_as_non_root: bool, seccomp: str, drop_capabilities: Iterable[str]
-) -> dict[str, Any]:
-    """Container-level hardening for the server container (KubeSpawner adds runAsUser,
-    runAsGroup and allowPrivilegeEscalation from uid, gid and allow_privilege_escalation)."""
-    csc: dict[str, Any] = {"seccompProfile": seccomp_profile(seccomp)}
-    if run_as_non_root:
-        csc["runAsNonRoot"] = True
-    drop = list(drop_capabilities)
-    if drop:
-        csc["capabilities"] = {"drop": drop}
-    return csc
-
-
-def _ip_blocks(cidrs: Iterable[str]) -> list[dict[str, Any]]:
-    return [{"ipBlock": {"cidr": c}} for c in cidrs]
-
-
-def singleuser_network_policy(
-    name: str,
-    *,
-    pod_selector: Mapping[str, str],
-    server_port: int,
-    hub_selector: Mapping[str, str],
-    hub_ports: Iterable[int],
-    hub_cidrs: Iterable[str] = (),
-    allow_internet: bool = True,
-    cloud_metadata_ip: str = CLOUD_METADATA_IP,
-    labels: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """The NetworkPolicy of all user servers (networking.k8s.io/v1), as a Helm chart renders it.
-
-    `pod_selector`: the labels every server pod carries; `hub_selector`: the hub pod's labels,
-    `hub_ports` the ports servers call there (the hub API, the gpulab-metrics service they push
-    their GPU figures to); `hub_cidrs`: where a hub and proxy outside the cluster connect from and
-    listen (both directions); `allow_internet`: egress to non-private addresses, always except the
-    cloud metadata address (its credentials are the node's, never a user's)."""
-    cidrs = list(hub_cidrs)
-    ingress_from: list[dict[str, Any]] = [
-        {"podSelector": {"matchLabels": {NETWORK_ACCESS_LABEL: "true"}}},
-        *_ip_blocks(cidrs),
-    ]
-    egress: list[dict[str, Any]] = [
-        # server -> hub API (OAuth, activity) and the metrics service (pushes); nothing else of
-        # the hub's pod or machine
-        {
-            "ports": [{"port": port, "protocol": "TCP"} for port in sorted(set(hub_ports))],
-            "to": [{"podSelector": {"matchLabels": dict(hub_selector)}}, *_ip_blocks(cidrs)],
-        },
-        # server -> the cluster's DNS
-        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
-    ]
-    if allow_internet:
-        egress.append(
-            {
-                "to": [
-                    {
-                        "ipBlock": {
-                            "cidr": "0.0.0.0/0",
-                            "except": [*PRIVATE_RANGES, f"{cloud_metadata_ip}/32"],
-                        }
-                    }
-                ]
-            }
+    @default("pod_security_context")
+    def _default_pod_security_context(self) -> dict[str, Any]:
+        return pod_security_context(
+            run_as_non_root=self.run_as_non_root, seccomp=self.seccomp_profile
         )
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": name, "labels": dict(labels or {})},
-        "spec": {
-            "podSelector": {"matchLabels": dict(pod_selector)},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [
-                {"ports": [{"port": server_port, "protocol": "TCP"}], "from": ingress_from}
-            ],
-            "egress": egress,
-        },
-    }
 
+    @default("container_security_context")
+    def _default_container_security_context(self) -> dict[str, Any]:
+        return container_security_context(
+            run_as_non_root=self.run_as_non_root,
+            seccomp=self.seccomp_profile,
+            drop_capabilities=self.drop_capabilities,
+        )
 
-def checkpoint_key_volume(secret_name: str, key_field: str, file_name: str) -> dict[str, Any]:
-    """The user's key Secret as a volume holding one file, `file_name`. Mode 0440: the kubelet
-    makes Secret files group-owned by the pod's fsGroup, so the server's non-root account reads
-    it; no other pod mounts this Secret, and nothing of it is in the pod spec or an environment
-    (where /proc/<pid>/environ and anyone who may read pods would see it)."""
-    return {
-        "name": CHECKPOINT_KEY_VOLUME,
-        "secret": {
-            "secretName": secret_name,
-            "items": [{"key": key_field, "path": file_name}],
-            "defaultMode": 0o440,
-        },
-    }
+    network_policy = Bool(
+        True,
+        config=True,
+        help="""Create (and keep up to date) the NetworkPolicy `network_policy_name` in each
+        server namespace: servers accept connections only from the hub, the proxy and the metrics
+        scraper, and reach only the hub API, DNS and (`network_policy_allow_internet`) the
+        internet without private ranges and the cloud metadata address. Off when a Helm chart
+        ships the same policy; a spawn fails rather than start a server the policy does not
+        cover when the hub may not write NetworkPolicies.""",
+    )
+    network_policy_name = Unicode(
+        "gpulab-singleuser", config=True, help="Name of the servers' NetworkPolicy."
+    )
+    network_policy_hub_labels = Dict(
+        {"app": "jupyterhub", "component": "hub"},
+        config=True,
+        help="""Labels of the hub pod, the one destination servers may reach on the hub API port.
+        The hub, proxy and metrics pods also need the label
+        `hub.jupyter.org/network-access-singleuser: "true"` to reach the servers.""",
+    )
+    network_policy_hub_cidrs = List(
+        Unicode(),
+        [],
+        config=True,
+        help="""CIDRs of a hub and proxy running outside the cluster (e.g. ['10.0.0.5/32']):
+        allowed to connect to the servers, and the servers to their hub API port.""",
+    )
+    network_policy_allow_internet = Bool(
+        True,
+        config=True,
+        help="""Let servers reach non-private addresses (pip, conda, datasets). Private ranges
+        and `cloud_metadata_ip` stay blocked either way.""",
+    )
+    cloud_metadata_ip = Unicode(
+        CLOUD_METADATA_IP,
+        config=True,
+        help="""The cloud's instance metadata address, never reachable from a server (it hands
+        out the node's credentials to anything that asks).""",
+    )
 
+    _network_policies_ready: ClassVar[set[tuple[str, str]]] = set()
 
-def checkpoint_key_mount() -> dict[str, Any]:
-    return {"name": CHECKPOINT_KEY_VOLUME, "mountPath": CHECKPOINT_KEY_DIR, "readOnly": True}
+    def network_policy_manifest(self) -> dict[str, Any]:
+        pod_selector = {"component": self.component_label}
+        if "app" in self.common_labels:
+            pod_selector["app"] = self.common_labels["app"]
+        return singleuser_network_policy(
+            self.network_policy_name,
+            pod_selector=pod_selector,
+            server_port=int(self.port or 8888),
+            hub_selector=self.network_policy_hub_labels,
+            hub_ports=self._hub_ports(),
+            hub_cidrs=self.network_policy_hub_cidrs,
+            allow_internet=self.network_policy_allow_internet,
+            cloud_metadata_ip=self.cloud_metadata_ip,
+            labels={**MANAGED_BY, "component": "gpulab-network-policy"},
+        )
+
+    def _hub_ports(self) -> list[int]:
+        """The hub API's port, and the metrics service's where servers push their figures."""
+        ports = [urlparse(self.hub.api_url).port or 8081]
+        push = self.environment.get(PUSH_URL_ENV) if isinstance(self.environment, dict) else None
+        if isinstance(push, str) and push:
+            parsed = urlparse(push)
+            ports.append(parsed.port or (443 if parsed.scheme == "https" else 80))
+        return ports
+
+    async def ensure_network_policy(self) -> None:
+        """The servers' NetworkPolicy exists in this namespace as configured (once per hub
+        process and namespace; a changed policy is replaced)."""
+        if not self.network_policy:
+            return
+        key = (self.namespace, self.network_policy_name)
+        if key in self._network_policies_ready:
+            return
+        api = NetworkingV1Api(self.api.api_client)
+        body = self.network_policy_manifest()
+        try:
+            try:
+                current = await api.read_namespaced_network_policy(
+                    self.network_policy_name, self.namespace
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                try:
+                    await api.create_namespaced_network_policy(self.namespace, body)
+                except ApiException as e:
+                    if e.status != 409:  # another spawn created it meanwhile
+                        raise
+            else:
+                spec = self.api.api_client.sanitize_for_serialization(current.spec)
+                if spec != body["spec"]:
+                    await api.replace_namespaced_network_policy(
+                        self.network_policy_name, self.namespace, body
+                    )
+        except ApiException as e:
+            raise web.HTTPError(
+                500,
+                f"Cannot create the NetworkPolicy {self.namespace}/{self.network_policy_name} "
+                f"({e.status} {e.reason}); the hub needs create/update on networkpolicies, or set "
+                "GPUKubeSpawner.network_policy = False where a chart ships the policy",
+            ) from None
+        self._network_policies_ready.add(key)

@@ -5,12 +5,12 @@ the placement to the pod (resources of the configured sharing backend, node affi
 class, tolerations, annotations), keeps the allocator current from watches of the cluster, evicts
 preemptible servers for on-demand ones, and notices servers lost with their node. Workspaces
 (home PVC per server, its VolumeSnapshots, restore, clone, kernel restore after a preemption or
-a lost node) come from `kube_workspace.KubeWorkspaceMixin`.
+a lost node) come from `gpulab.spawner.workspaces.kube.KubeWorkspaceMixin`.
 Upstream `profile_list` keeps working unchanged: with it set, this is plain KubeSpawner.
 
 Tenant isolation (issue 12), on by default whatever the profiles: every server runs as a fixed
 non-root uid/gid with `runAsNonRoot`, no privilege escalation, no capabilities and the runtime's
-seccomp profile; the namespace gets the `gpulab-singleuser` NetworkPolicy (`kube_isolation`).
+seccomp profile; the namespace gets the `gpulab-singleuser` NetworkPolicy (`isolation.KubeIsolationMixin`, manifests in `objects`).
 """
 
 from __future__ import annotations
@@ -18,46 +18,46 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any, ClassVar
-from urllib.parse import urlparse
 
-from kubernetes_asyncio.client import NetworkingV1Api, V1DeleteOptions
+from kubernetes_asyncio.client import V1DeleteOptions
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Bool, Callable, Dict, Float, Integer, List, Unicode, Union, default, validate
+from traitlets import Dict, Float, List, Unicode, default, validate
 
 from gpulab.hub.allocator import NoCapacity, Placement, QuotaExceeded
+from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.inventory import KNOWN_MODELS
-from gpulab.hub.metrics_names import PUSH_URL_ENV
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
 from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
-from gpulab.spawner.kube.isolation import (
-    CLOUD_METADATA_IP,
-    container_security_context,
-    pod_security_context,
-    seccomp_profile,
-    singleuser_network_policy,
-)
-from gpulab.spawner.kube.resources import (
-    AFFINITY_LABEL,
-    ISOLATION,
-    SHARING_BACKENDS,
-    gpu_spec,
+from gpulab.spawner.kube.gpu_resources import ISOLATION, SHARING_BACKENDS, gpu_spec
+from gpulab.spawner.kube.isolation import KubeIsolationMixin
+from gpulab.spawner.kube.objects import (
+    pod_event_manifest,
+    prestop_lifecycle,
+    priority_class_manifest,
     related_pod_affinity,
     safe_label_value,
 )
 from gpulab.spawner.kube.state import (
-    PLACEMENT_ANNOTATION,
     KubeGPUState,
     ensure_kube_state,
     placement_annotation,
     placement_from_pod,
 )
+from gpulab.spawner.names import (
+    AFFINITY_LABEL,
+    GPU_SHARING_ENV,
+    ISOLATION_ENV,
+    PLACEMENT_ANNOTATION,
+    PRIORITY_LABEL,
+    PROFILE_ENV,
+)
 from gpulab.spawner.workspaces.kube import NODE_LOST, PREEMPTED, KubeWorkspaceMixin
 
 
-class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
+class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
     """One pod per server, with a whole GPU or a share of one, placed by gpulab's allocator, and
     a home PVC that is snapshotted on every stop."""
 
@@ -108,199 +108,6 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
             return None
         return self.affinity_group_template.format(username=self.user.name, servername=self.name)
 
-    # -- tenant isolation: who the server runs as, what it may do, whom it may reach ----------
-
-    uid = Union(
-        [Integer(), Callable()],
-        default_value=1000,
-        allow_none=True,
-        config=True,
-        help="""The uid the server container runs as (runAsUser). gpulab's default is 1000, the
-        jovyan user of the Jupyter docker-stacks images; every user's pod runs as this uid, and
-        pods are kept apart by the container runtime and the NetworkPolicy, not by uids. None:
-        the image's USER (then `run_as_non_root` refuses an image that runs as root).""",
-    )
-    gid = Union(
-        [Integer(), Callable()],
-        default_value=100,
-        allow_none=True,
-        config=True,
-        help="""The primary gid of the server container (runAsGroup); gpulab's default 100, the
-        `users` group of the docker-stacks images.""",
-    )
-    fs_gid = Union(
-        [Integer(), Callable()],
-        default_value=100,
-        allow_none=True,
-        config=True,
-        help="""fsGroup of the pod: volumes (the home PVC, the checkpoint key Secret) are
-        group-owned by it, so the non-root server can write its home and read its key. gpulab's
-        default 100, as `gid`.""",
-    )
-    run_as_non_root = Bool(
-        True,
-        config=True,
-        help="""Set runAsNonRoot on the pod and the server container: the kubelet refuses to start
-        a container that would run as uid 0 (CreateContainerConfigError). Turn off only for an
-        image that must start as root.""",
-    )
-    seccomp_profile = Unicode(
-        "RuntimeDefault",
-        config=True,
-        help="""seccompProfile of the pod and server container: RuntimeDefault (the container
-        runtime's default syscall filter), Localhost/<file> or Unconfined.""",
-    )
-    drop_capabilities = List(
-        Unicode(),
-        ["ALL"],
-        config=True,
-        help="""Linux capabilities dropped from the server container (securityContext.capabilities
-        .drop). A notebook server needs none.""",
-    )
-
-    @validate("seccomp_profile")
-    def _check_seccomp(self, proposal: Any) -> str:
-        try:
-            seccomp_profile(proposal["value"])
-        except ValueError as e:
-            raise ValueError(f"GPUKubeSpawner.seccomp_profile: {e}") from None
-        return str(proposal["value"])
-
-    @validate("uid", "run_as_non_root")
-    def _check_non_root(self, proposal: Any) -> Any:
-        # config loading holds cross-validation until every option is set: both orders work
-        uid = proposal["value"] if proposal["trait"].name == "uid" else self.uid
-        non_root = (
-            proposal["value"]
-            if proposal["trait"].name == "run_as_non_root"
-            else self.run_as_non_root
-        )
-        if non_root and isinstance(uid, int) and uid == 0:
-            raise ValueError(
-                "GPUKubeSpawner.uid = 0 contradicts GPUKubeSpawner.run_as_non_root = True: the "
-                "kubelet would refuse to start every server; use a non-root uid (e.g. 1000)"
-            )
-        return proposal["value"]
-
-    @default("pod_security_context")
-    def _default_pod_security_context(self) -> dict[str, Any]:
-        return pod_security_context(
-            run_as_non_root=self.run_as_non_root, seccomp=self.seccomp_profile
-        )
-
-    @default("container_security_context")
-    def _default_container_security_context(self) -> dict[str, Any]:
-        return container_security_context(
-            run_as_non_root=self.run_as_non_root,
-            seccomp=self.seccomp_profile,
-            drop_capabilities=self.drop_capabilities,
-        )
-
-    network_policy = Bool(
-        True,
-        config=True,
-        help="""Create (and keep up to date) the NetworkPolicy `network_policy_name` in each
-        server namespace: servers accept connections only from the hub, the proxy and the metrics
-        scraper, and reach only the hub API, DNS and (`network_policy_allow_internet`) the
-        internet without private ranges and the cloud metadata address. Off when a Helm chart
-        ships the same policy; a spawn fails rather than start a server the policy does not
-        cover when the hub may not write NetworkPolicies.""",
-    )
-    network_policy_name = Unicode(
-        "gpulab-singleuser", config=True, help="Name of the servers' NetworkPolicy."
-    )
-    network_policy_hub_labels = Dict(
-        {"app": "jupyterhub", "component": "hub"},
-        config=True,
-        help="""Labels of the hub pod, the one destination servers may reach on the hub API port.
-        The hub, proxy and metrics pods also need the label
-        `hub.jupyter.org/network-access-singleuser: "true"` to reach the servers.""",
-    )
-    network_policy_hub_cidrs = List(
-        Unicode(),
-        [],
-        config=True,
-        help="""CIDRs of a hub and proxy running outside the cluster (e.g. ['10.0.0.5/32']):
-        allowed to connect to the servers, and the servers to their hub API port.""",
-    )
-    network_policy_allow_internet = Bool(
-        True,
-        config=True,
-        help="""Let servers reach non-private addresses (pip, conda, datasets). Private ranges
-        and `cloud_metadata_ip` stay blocked either way.""",
-    )
-    cloud_metadata_ip = Unicode(
-        CLOUD_METADATA_IP,
-        config=True,
-        help="""The cloud's instance metadata address, never reachable from a server (it hands
-        out the node's credentials to anything that asks).""",
-    )
-
-    _network_policies_ready: ClassVar[set[tuple[str, str]]] = set()
-
-    def network_policy_manifest(self) -> dict[str, Any]:
-        pod_selector = {"component": self.component_label}
-        if "app" in self.common_labels:
-            pod_selector["app"] = self.common_labels["app"]
-        return singleuser_network_policy(
-            self.network_policy_name,
-            pod_selector=pod_selector,
-            server_port=int(self.port or 8888),
-            hub_selector=self.network_policy_hub_labels,
-            hub_ports=self._hub_ports(),
-            hub_cidrs=self.network_policy_hub_cidrs,
-            allow_internet=self.network_policy_allow_internet,
-            cloud_metadata_ip=self.cloud_metadata_ip,
-            labels={"app.kubernetes.io/managed-by": "gpulab", "component": "gpulab-network-policy"},
-        )
-
-    def _hub_ports(self) -> list[int]:
-        """The hub API's port, and the metrics service's where servers push their figures."""
-        ports = [urlparse(self.hub.api_url).port or 8081]
-        push = self.environment.get(PUSH_URL_ENV) if isinstance(self.environment, dict) else None
-        if isinstance(push, str) and push:
-            parsed = urlparse(push)
-            ports.append(parsed.port or (443 if parsed.scheme == "https" else 80))
-        return ports
-
-    async def ensure_network_policy(self) -> None:
-        """The servers' NetworkPolicy exists in this namespace as configured (once per hub
-        process and namespace; a changed policy is replaced)."""
-        if not self.network_policy:
-            return
-        key = (self.namespace, self.network_policy_name)
-        if key in self._network_policies_ready:
-            return
-        api = NetworkingV1Api(self.api.api_client)
-        body = self.network_policy_manifest()
-        try:
-            try:
-                current = await api.read_namespaced_network_policy(
-                    self.network_policy_name, self.namespace
-                )
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-                try:
-                    await api.create_namespaced_network_policy(self.namespace, body)
-                except ApiException as e:
-                    if e.status != 409:  # another spawn created it meanwhile
-                        raise
-            else:
-                spec = self.api.api_client.sanitize_for_serialization(current.spec)
-                if spec != body["spec"]:
-                    await api.replace_namespaced_network_policy(
-                        self.network_policy_name, self.namespace, body
-                    )
-        except ApiException as e:
-            raise web.HTTPError(
-                500,
-                f"Cannot create the NetworkPolicy {self.namespace}/{self.network_policy_name} "
-                f"({e.status} {e.reason}); the hub needs create/update on networkpolicies, or set "
-                "GPUKubeSpawner.network_policy = False where a chart ships the policy",
-            ) from None
-        self._network_policies_ready.add(key)
-
     @default("delete_grace_period")
     def _default_grace(self) -> int:
         # long enough for the kernel-state checkpoint to be written on SIGTERM
@@ -329,11 +136,7 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
 
     @default("lifecycle_hooks")
     def _default_lifecycle_hooks(self) -> dict[str, Any]:
-        if not self.prestop_command:
-            return {}
-        timeout = max(1, self.delete_grace_period - 5)
-        command = [*self.prestop_command, "--timeout", str(timeout)]
-        return {"preStop": {"exec": {"command": command}}}
+        return prestop_lifecycle(self.prestop_command, max(1, self.delete_grace_period - 5))
 
     _priority_classes_ready: ClassVar[bool] = False
 
@@ -374,16 +177,11 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
         return state
 
     async def _ensure_priority_classes(self) -> None:
-        from kubernetes_asyncio.client import SchedulingV1Api, V1ObjectMeta, V1PriorityClass
+        from kubernetes_asyncio.client import SchedulingV1Api
 
         api = SchedulingV1Api(self.api.api_client)
         for priority, (name, value) in self.priority_classes.items():
-            body = V1PriorityClass(
-                metadata=V1ObjectMeta(name=name, labels={"app.kubernetes.io/managed-by": "gpulab"}),
-                value=int(value),
-                global_default=False,
-                description=f"gpulab {priority} servers",
-            )
+            body = priority_class_manifest(name, int(value), priority)
             try:
                 await api.create_priority_class(body)
             except ApiException as e:
@@ -457,28 +255,9 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
                     raise
 
     async def _record_pod_event(self, pod: dict[str, Any], reason: str, message: str) -> None:
-        from kubernetes_asyncio.client import (
-            CoreV1Event,
-            V1EventSource,
-            V1ObjectMeta,
-            V1ObjectReference,
-        )
-
         meta = pod["metadata"]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        event = CoreV1Event(
-            metadata=V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
-            involved_object=V1ObjectReference(
-                kind="Pod", name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid")
-            ),
-            reason=reason,
-            message=message,
-            type="Warning",
-            source=V1EventSource(component="gpulab"),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-        )
+        event = pod_event_manifest(pod, reason, message, now)
         try:
             await self.api.create_namespaced_event(meta["namespace"], event)
         except ApiException as e:
@@ -514,7 +293,7 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
             .replace("{", "{{")
             .replace("}", "}}"),
         }
-        self.extra_labels = {**self.extra_labels, "gpulab.io/priority": profile.priority}
+        self.extra_labels = {**self.extra_labels, PRIORITY_LABEL: profile.priority}
         group = self.gpulab_affinity_group
         if group:
             self.extra_labels[AFFINITY_LABEL] = safe_label_value(group)
@@ -524,9 +303,9 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
             ]
         self.environment = {
             **self.environment,
-            "GPULAB_PROFILE": profile.slug,
-            "GPULAB_ISOLATION": spec.isolation,
-            "GPULAB_GPU_SHARING": self.gpu_sharing if profile.gpu_milli else "",
+            PROFILE_ENV: profile.slug,
+            ISOLATION_ENV: spec.isolation,
+            GPU_SHARING_ENV: self.gpu_sharing if profile.gpu_milli else "",
         }
         self.gpulab_enforcement = self.describe_enforcement(
             [AssignedGPU(s.uuid, "", 0, s.milli) for s in placement.gpus]
@@ -666,3 +445,9 @@ class GPUKubeSpawner(KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self.load_workspace_state(state)
+
+
+# the hub's GPUCapacity keeps a Kubernetes inventory current through this module's cluster view; it
+# registers here, on import, so the hub never imports the spawner package (JupyterHub imports its
+# spawner_class while loading the config, before any request reaches GPUCapacity.ready())
+GPUCapacity.register_inventory_source("kubernetes", ensure_kube_state)

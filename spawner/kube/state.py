@@ -24,15 +24,9 @@ from gpulab.hub.allocator import (
     Request,
 )
 from gpulab.hub.allocator.store import request_from_dict, request_to_dict
-from gpulab.spawner.kube.resources import (
-    GPU_RESOURCE,
-    inventory_from_nodes,
-    node_is_ready,
-    node_is_tainted,
-)
+from gpulab.spawner.kube.nodes import inventory_from_nodes, node_is_ready, node_is_tainted
 from gpulab.spawner.kube.reflector import WatchCache, object_key
-
-PLACEMENT_ANNOTATION = "gpulab.io/placement"
+from gpulab.spawner.names import GPU_RESOURCE, PLACEMENT_ANNOTATION
 
 
 def placement_annotation(placement: Placement) -> str:

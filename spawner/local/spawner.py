@@ -19,14 +19,6 @@ from tornado import web
 from traitlets import Bool, Enum, Float, Integer, TraitError, Tuple, Unicode, default, validate
 from traitlets.config import Config
 
-from gpulab.spawner.local.accounts import (
-    AccountCreationFailed,
-    AccountError,
-    SystemAccount,
-    account_name,
-    check_account,
-    ensure_account,
-)
 from gpulab.spawner.environment import (
     AssignedGPU,
     Enforcement,
@@ -35,12 +27,21 @@ from gpulab.spawner.environment import (
     with_caps_hook,
 )
 from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
+from gpulab.spawner.local.accounts import (
+    AccountCreationFailed,
+    AccountError,
+    SystemAccount,
+    account_name,
+    check_account,
+    ensure_account,
+)
 from gpulab.spawner.local.watchdog import (
     GPUMemoryWatchdog,
     NvmlProcessMemory,
     ProcessMemorySource,
     SimulatedProcessMemory,
 )
+from gpulab.spawner.names import CAPS_HOOK_ENV, PROFILE_ENV
 from gpulab.spawner.workspaces.local import LocalWorkspaceMixin
 
 
@@ -204,10 +205,10 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             mps_log_directory=self.mps_log_directory,
         )
         env.update(gpu_env)
-        if gpu_env.get("GPULAB_CAPS_HOOK"):
+        if gpu_env.get(CAPS_HOOK_ENV):
             env["PYTHONPATH"] = with_caps_hook(env.get("PYTHONPATH"))
         if self.gpulab_profile is not None:
-            env["GPULAB_PROFILE"] = self.gpulab_profile.slug
+            env[PROFILE_ENV] = self.gpulab_profile.slug
         self.gpulab_enforcement = enforcement
         return env
 

@@ -42,28 +42,24 @@ from gpulab.spawner.singleuser.checkpoint.prepare import CONTAINER_KEYS
 from gpulab.spawner.singleuser.checkpoint.secret import load_or_create_secret
 from gpulab.spawner.singleuser.checkpoint.signing import key_to_text
 from gpulab.spawner.workspaces.kube_offer import offered_checkpoints
-from gpulab.spawner.kube.isolation import (
+from gpulab.spawner.kube.objects import (
     CHECKPOINT_KEY_DIR,
-    CHECKPOINT_KEY_VOLUME,
-    checkpoint_key_mount,
-    checkpoint_key_volume,
-)
-from gpulab.spawner.kube.resources import (
     CHECKPOINT_KEY_FIELD,
+    CHECKPOINT_KEY_VOLUME,
     SNAPSHOT_GROUP,
-    SNAPSHOT_KIND_LABEL,
     SNAPSHOT_VERSION,
-    WORKSPACE_LABEL,
+    checkpoint_key_mount,
     checkpoint_key_secret_manifest,
+    checkpoint_key_volume,
     dns_name,
     home_pvc_manifest,
-    snapshot_listing,
     snapshot_name,
-    snapshots_to_delete,
     timestamp_slug,
     volume_snapshot_manifest,
     workspace_id,
 )
+from gpulab.spawner.kube.snapshots import snapshot_listing, snapshots_to_delete
+from gpulab.spawner.names import SNAPSHOT_KIND_LABEL, WORKSPACE_LABEL
 from gpulab.spawner.workspaces.schedule import SCHEDULED, SnapshotScheduleMixin
 
 #: the key's file in the Secret volume (the Secret's field is projected under this name)

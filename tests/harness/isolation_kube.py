@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpulab.devcluster import DevCluster
-from gpulab.hub.metrics_names import PUSH_URL_ENV
+from gpulab.spawner.names import PUSH_URL_ENV
 from gpulab.spawner.workspaces.kube import KEY_FILE as CHECKPOINT_KEY_FILE
 from tests.harness.hub import Hub, run_in_kernel
 from tests.harness.isolation import (

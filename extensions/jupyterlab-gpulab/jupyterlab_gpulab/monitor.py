@@ -12,6 +12,8 @@ from typing import Any
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from gpulab.spawner.names import MONITOR_SOURCE_ENV, SIMULATED_GPU_FILE_ENV
+
 from .fanout import Fanout, Subscriber, clamp_rate
 from .lag import LoopLagMeter
 from .metrics import GPUCollector, exposition, make_registry
@@ -40,7 +42,7 @@ class GPUMonitor(Configurable):
 
     @default("source")
     def _default_source(self) -> str:
-        return os.environ.get("GPULAB_MONITOR_SOURCE", "auto") or "auto"
+        return os.environ.get(MONITOR_SOURCE_ENV, "auto") or "auto"
 
     @validate("source")
     def _validate_source(self, proposal: Any) -> str:
@@ -138,7 +140,7 @@ class GPUMonitor(Configurable):
 
     @default("simulated_file")
     def _default_simulated_file(self) -> str:
-        return os.environ.get("GPULAB_SIMULATED_GPU_FILE", "")
+        return os.environ.get(SIMULATED_GPU_FILE_ENV, "")
 
     measure_loop_lag = Bool(
         False,

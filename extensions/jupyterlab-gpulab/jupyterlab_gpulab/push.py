@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from gpulab.hub.metrics_names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_URL_ENV
+from gpulab.spawner.names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_URL_ENV
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpulab.spawner.names import (
+    GPU_ENFORCEMENT_ENV,
+    GPU_FRACTION_ENV,
+    GPU_MEMORY_LIMIT_MIB_ENV,
+    GPU_UUIDS_ENV,
+    PROFILE_ENV,
+)
+
 
 @dataclass(frozen=True)
 class Share:
@@ -51,16 +59,16 @@ def _float_or_none(env: Mapping[str, str], name: str) -> float | None:
 def share_from_env(env: Mapping[str, str] | None = None) -> Share:
     """Read GPULAB_GPU_UUIDS, GPULAB_GPU_MEMORY_LIMIT_MIB, GPULAB_GPU_FRACTION and friends."""
     env = os.environ if env is None else env
-    uuids = tuple(u.strip() for u in env.get("GPULAB_GPU_UUIDS", "").split(",") if u.strip())
-    fraction = _float_or_none(env, "GPULAB_GPU_FRACTION")
+    uuids = tuple(u.strip() for u in env.get(GPU_UUIDS_ENV, "").split(",") if u.strip())
+    fraction = _float_or_none(env, GPU_FRACTION_ENV)
     if fraction is not None and fraction >= 1:
         fraction = None  # a "share" of the whole device is the whole device
     return Share(
         uuids=tuple(dict.fromkeys(uuids)),  # de-duplicated, order kept
-        memory_limit_mib=_float_or_none(env, "GPULAB_GPU_MEMORY_LIMIT_MIB"),
+        memory_limit_mib=_float_or_none(env, GPU_MEMORY_LIMIT_MIB_ENV),
         fraction=fraction,
-        enforcement=env.get("GPULAB_GPU_ENFORCEMENT", "") or ("exclusive" if uuids else "none"),
-        profile=env.get("GPULAB_PROFILE", ""),
+        enforcement=env.get(GPU_ENFORCEMENT_ENV, "") or ("exclusive" if uuids else "none"),
+        profile=env.get(PROFILE_ENV, ""),
         user=env.get("JUPYTERHUB_USER", "") or _login_name(),
         server=env.get("JUPYTERHUB_SERVER_NAME", ""),
     )

@@ -48,7 +48,7 @@ from traitlets.config import Application
 from traitlets.config.loader import PyFileConfigLoader
 
 from gpulab.hub.alerts import RuleError, parse_rules
-from gpulab.hub.metrics_names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_PATH
+from gpulab.spawner.names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_PATH
 from gpulab.hub.services.metrics.aggregate import Aggregate
 from gpulab.hub.services.metrics.exposition import exposition
 from gpulab.hub.services.metrics.listing import Target, list_targets, server_runs

@@ -10,7 +10,11 @@ What the spawner and hub call:
 - `describe(path, key, user)` / `list_checkpoints(root, key, user)`: what a restore would bring back.
 """
 
-from gpulab.spawner.singleuser.checkpoint.signing import CheckpointRefused, derive_user_key, key_to_text
+from gpulab.spawner.singleuser.checkpoint.signing import (
+    CheckpointRefused,
+    derive_user_key,
+    key_to_text,
+)
 from gpulab.spawner.singleuser.checkpoint.store import describe, list_checkpoints
 
 __all__ = ["CheckpointRefused", "derive_user_key", "describe", "key_to_text", "list_checkpoints"]

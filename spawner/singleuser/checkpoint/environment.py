@@ -23,6 +23,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpulab.spawner.names import (
+    AUTO_RESTORE_ENV,
+    CHECKPOINT_DIR_ENV,
+    CHECKPOINT_KEY_FILE_ENV,
+    CHECKPOINT_USER_ENV,
+)
+
 EXTENSION = "gpulab.spawner.singleuser.checkpoint.kernel"
 STARTUP_FILE = "00-gpulab-checkpoint.py"
 _STARTUP_CODE = f"""\
@@ -80,7 +87,7 @@ def persistent_env(
         "JUPYTER_PATH": _join(str(local / "share" / "jupyter"), base.get("JUPYTER_PATH")),
         "JUPYTER_DATA_DIR": str(local / "share" / "jupyter"),
         "IPYTHONDIR": str(home / ".ipython"),
-        "GPULAB_CHECKPOINT_DIR": str(home / ".gpulab" / "checkpoints" / (server or "default")),
+        CHECKPOINT_DIR_ENV: str(home / ".gpulab" / "checkpoints" / (server or "default")),
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }
     if venv:
@@ -94,13 +101,11 @@ def persistent_env(
         # --user installs; these land in the user's own home and never touch system packages
         env["PIP_BREAK_SYSTEM_PACKAGES"] = "1"
     if key_file is not None:
-        from gpulab.spawner.singleuser.checkpoint.signing import KEY_FILE_ENV
-
-        env[KEY_FILE_ENV] = str(key_file)
+        env[CHECKPOINT_KEY_FILE_ENV] = str(key_file)
     if user:
-        env["GPULAB_CHECKPOINT_USER"] = user
+        env[CHECKPOINT_USER_ENV] = user
     if auto_restore:
-        env["GPULAB_AUTO_RESTORE"] = "1"
+        env[AUTO_RESTORE_ENV] = "1"
     return env
 
 

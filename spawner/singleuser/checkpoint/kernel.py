@@ -37,18 +37,34 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpulab.spawner.singleuser.checkpoint.saver import NamespaceCheckpointer, RestoreReport, SaveReport
-from gpulab.spawner.singleuser.checkpoint.signing import CheckpointRefused, key_from_env, user_from_env
+from gpulab.spawner.names import (
+    AUTO_RESTORE_ENV,
+    CHECKPOINT_DIR_ENV,
+    CHECKPOINT_ENABLED_ENV,
+    CHECKPOINT_IDLE_SECONDS_ENV,
+    CHECKPOINT_INCREMENTAL_MB_ENV,
+    CHECKPOINT_SLOT_ENV,
+)
+from gpulab.spawner.singleuser.checkpoint.saver import (
+    NamespaceCheckpointer,
+    RestoreReport,
+    SaveReport,
+)
+from gpulab.spawner.singleuser.checkpoint.signing import (
+    CheckpointRefused,
+    key_from_env,
+    user_from_env,
+)
 from gpulab.spawner.singleuser.checkpoint.store import CheckpointStore
 
 log = logging.getLogger("gpulab.checkpoint")
 
-DIR_ENV = "GPULAB_CHECKPOINT_DIR"
-SLOT_ENV = "GPULAB_CHECKPOINT_SLOT"
-AUTO_RESTORE_ENV = "GPULAB_AUTO_RESTORE"
-INCREMENTAL_MB_ENV = "GPULAB_CHECKPOINT_INCREMENTAL_MB"
-IDLE_ENV = "GPULAB_CHECKPOINT_IDLE_SECONDS"
-ENABLED_ENV = "GPULAB_CHECKPOINT"
+# the variables the spawner sets, under this module's short names
+DIR_ENV = CHECKPOINT_DIR_ENV
+SLOT_ENV = CHECKPOINT_SLOT_ENV
+INCREMENTAL_MB_ENV = CHECKPOINT_INCREMENTAL_MB_ENV
+IDLE_ENV = CHECKPOINT_IDLE_SECONDS_ENV
+ENABLED_ENV = CHECKPOINT_ENABLED_ENV
 
 _active: CheckpointExtension | None = None
 

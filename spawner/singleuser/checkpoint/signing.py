@@ -13,14 +13,16 @@ import hmac
 import os
 from pathlib import Path
 
+from gpulab.spawner.names import CHECKPOINT_KEY_FILE_ENV, CHECKPOINT_USER_ENV
+
 #: environment variable naming the file that holds the user's key (hex). The key itself is never in
 #: an environment: /proc/<pid>/environ of every process would carry it, and any process of the
 #: server's account that can read its parent's environment could replay it. The file is the
 #: server account's own (mode 0400/0600: a local key file written by the hub, a Secret volume on
 #: Kubernetes), so another user's processes cannot open it.
-KEY_FILE_ENV = "GPULAB_CHECKPOINT_KEY_FILE"
+KEY_FILE_ENV = CHECKPOINT_KEY_FILE_ENV
 #: environment variable naming the user the checkpoints belong to (defaults to JUPYTERHUB_USER)
-USER_ENV = "GPULAB_CHECKPOINT_USER"
+USER_ENV = CHECKPOINT_USER_ENV
 
 _KEY_CONTEXT = b"gpulab-checkpoint-key/v1\0"
 

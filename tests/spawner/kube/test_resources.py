@@ -6,33 +6,27 @@ import base64
 
 import pytest
 
-from gpulab.spawner.kube.isolation import (
+from gpulab.spawner.kube.gpu_resources import KubeProfileError, gpu_spec, mig_profile_for
+from gpulab.spawner.kube.nodes import inventory_from_nodes, node_from_k8s
+from gpulab.spawner.kube.objects import (
+    CHECKPOINT_KEY_FIELD,
     checkpoint_key_mount,
+    checkpoint_key_secret_manifest,
     checkpoint_key_volume,
     container_security_context,
-    pod_security_context,
-    seccomp_profile,
-    singleuser_network_policy,
-)
-from gpulab.spawner.kube.resources import (
-    CHECKPOINT_KEY_FIELD,
-    KubeProfileError,
-    checkpoint_key_secret_manifest,
     dns_name,
-    gpu_spec,
     home_pvc_manifest,
-    inventory_from_nodes,
-    mig_profile_for,
-    node_from_k8s,
-    quantity_bytes,
+    pod_security_context,
     related_pod_affinity,
     safe_label_value,
-    snapshot_listing,
+    seccomp_profile,
+    singleuser_network_policy,
     snapshot_name,
-    snapshots_to_delete,
     volume_snapshot_manifest,
     workspace_id,
 )
+from gpulab.spawner.kube.quantities import quantity_bytes
+from gpulab.spawner.kube.snapshots import snapshot_listing, snapshots_to_delete
 
 A100 = 81920
 

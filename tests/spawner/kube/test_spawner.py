@@ -15,7 +15,7 @@ import pytest
 from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster
-from gpulab.spawner.kube.resources import gpu_spec
+from gpulab.spawner.kube.gpu_resources import gpu_spec
 from tests.harness.hub import Hub, merged, run_in_kernel
 from tests.harness.kube import KUBE_HUB_OVERLAY, SPAWNER_NODES, placed_pod_of, placed_pods
 from tests.harness.wait import wait_for

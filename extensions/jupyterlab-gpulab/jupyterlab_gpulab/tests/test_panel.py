@@ -299,7 +299,7 @@ def test_refresh_rate_setting_is_the_rate_the_panel_asks_the_server_for(make_hub
     hub, _ = _spawn_lab(make_hub, tmp_path, page)
     # what the Settings Editor saves, through JupyterLab's settings API
     r = httpx.put(
-        f"{hub.url}/user/admin/lab/api/settings/jupyterlab-gpulab:plugin",
+        f"{hub.url}/user/admin/lab/api/settings/jupyterlab-gpulab:monitor",
         json={"raw": json.dumps({"refreshRateHz": 0.5})},
         headers={"Authorization": f"token {hub.token}"},
         timeout=30,

@@ -11,9 +11,9 @@ import { GpuMonitorPanel } from './panel';
 import { GpuStatusItem } from './status';
 import { CommandIDs, IGpuMonitor } from './token';
 
-/** Its settings are schema/plugin.json, which also declares the "GPU" main menu. */
+/** Its settings are schema/monitor.json, which also declares the "GPU" main menu. */
 export const monitorPlugin: JupyterFrontEndPlugin<IGpuMonitor> = {
-  id: 'jupyterlab-gpulab:plugin',
+  id: 'jupyterlab-gpulab:monitor',
   description:
     'GPU monitor panel: your share, live utilisation and memory, processes, alert rules.',
   autoStart: true,

@@ -1,0 +1,150 @@
+"""From a gpulab profile to NVIDIA resource requests, node affinity and tolerations (pure: no client).
+
+Whole GPUs are `nvidia.com/gpu: N` with node affinity on the GPU model label. A fraction of a GPU
+is expressed by the cluster's sharing backend, each with its own isolation:
+- MIG: a hardware slice (`nvidia.com/mig-<g>g.<mem>gb`), the smallest profile that fits;
+- HAMi: `nvidia.com/gpu: 1` plus `nvidia.com/gpumem` (MiB) and `nvidia.com/gpucores` (%);
+- time-slicing: `nvidia.com/gpu.shared: 1` (NVIDIA device plugin's shared replicas).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpulab.spawner.names import (
+    GPU_RESOURCE,
+    HAMI_CORES_RESOURCE,
+    HAMI_MEMORY_RESOURCE,
+    HOSTNAME_LABEL,
+    MIG_RESOURCE_PREFIX,
+    PRODUCT_LABEL,
+    SHARED_GPU_RESOURCE,
+    SPOT_TAINT_KEY,
+)
+
+MIG, HAMI, TIME_SLICING = "mig", "hami", "time-slicing"
+SHARING_BACKENDS = (MIG, HAMI, TIME_SLICING)
+
+ISOLATION = {
+    "whole": "Exclusive: whole GPUs, yours alone while the server runs.",
+    MIG: "MIG slice: hardware-isolated memory, compute and fault domain on a shared GPU.",
+    HAMI: "HAMi: memory and compute limits enforced by HAMi's CUDA interposer; other users of the GPU share its fault domain.",
+    TIME_SLICING: "Time-sliced GPU: turns on a shared GPU with no memory or fault isolation.",
+    "cpu": "No GPU.",
+}
+
+#: MIG profiles per GPU memory size: (compute slices out of 7, memory GB), smallest first
+MIG_PROFILES_BY_MEMORY_GB: dict[int, list[tuple[int, int]]] = {
+    40: [(1, 5), (2, 10), (3, 20), (4, 20), (7, 40)],
+    80: [(1, 10), (2, 20), (3, 40), (4, 40), (7, 80)],
+    94: [(1, 12), (2, 24), (3, 47), (4, 47), (7, 94)],
+    141: [(1, 18), (2, 35), (3, 71), (4, 71), (7, 141)],
+    24: [(1, 6), (2, 12), (4, 24)],  # A30
+}
+
+
+class KubeProfileError(ValueError):
+    """A profile cannot be expressed with the configured sharing backend."""
+
+
+def product_label(model: str) -> str:
+    """gpulab model name -> the NVIDIA GPU feature discovery label value."""
+    return model if model.startswith("NVIDIA-") else f"NVIDIA-{model}"
+
+
+def model_from_product(label: str) -> str:
+    return label[len("NVIDIA-") :] if label.startswith("NVIDIA-") else label
+
+
+def mig_profile_for(memory_mib: int, milli: int) -> str:
+    """The smallest MIG profile with at least `milli`/1000 of the GPU's memory and compute."""
+    gb = round(memory_mib / 1024)
+    table = MIG_PROFILES_BY_MEMORY_GB.get(gb)
+    if table is None:
+        nearest = min(MIG_PROFILES_BY_MEMORY_GB, key=lambda k: abs(k - gb))
+        table = MIG_PROFILES_BY_MEMORY_GB[nearest]
+        gb = nearest
+    need_mem = gb * milli / 1000
+    need_slices = math.ceil(7 * milli / 1000 - 1e-9)
+    for slices, mem in table:
+        if mem >= need_mem - 1e-9 and slices >= need_slices:
+            return f"{slices}g.{mem}gb"
+    raise KubeProfileError(f"no MIG profile holds {milli / 1000:.3f} of a {gb} GB GPU")
+
+
+@dataclass(frozen=True)
+class KubeGPUSpec:
+    """What a pod needs for a profile: resource limits, scheduling constraints, isolation."""
+
+    limits: dict[str, str] = field(default_factory=dict)
+    node_affinity_required: list[dict[str, Any]] = field(default_factory=list)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    priority_class_name: str = ""
+    isolation: str = ""
+
+
+def gpu_spec(
+    *,
+    num_gpu: int,
+    gpu_milli: int,
+    gpu_models: Iterable[str],
+    gpu_memory_mib: int,
+    sharing: str,
+    priority: str,
+    node_name: str | None = None,
+    priority_classes: Mapping[str, str] | None = None,
+) -> KubeGPUSpec:
+    """Resource limits and constraints for one server.
+
+    `gpu_memory_mib` is the memory of the GPU model the share is carved from (for MIG and HAMi);
+    `node_name`, when the allocator chose a node, pins the pod there so the cluster and gpulab's
+    accounting agree on where the share lives.
+    """
+    if sharing not in SHARING_BACKENDS:
+        raise KubeProfileError(
+            f"gpu_sharing must be one of {list(SHARING_BACKENDS)}, not {sharing!r}"
+        )
+    priority_classes = priority_classes or {
+        "on-demand": "gpulab-on-demand",
+        "preemptible": "gpulab-preemptible",
+    }
+    limits: dict[str, str] = {}
+    if num_gpu:
+        limits[GPU_RESOURCE] = str(num_gpu)
+        isolation = ISOLATION["whole"]
+    elif gpu_milli:
+        if sharing == MIG:
+            limits[f"{MIG_RESOURCE_PREFIX}{mig_profile_for(gpu_memory_mib, gpu_milli)}"] = "1"
+        elif sharing == HAMI:
+            limits[GPU_RESOURCE] = "1"
+            limits[HAMI_MEMORY_RESOURCE] = str(gpu_memory_mib * gpu_milli // 1000)
+            limits[HAMI_CORES_RESOURCE] = str(max(1, math.ceil(gpu_milli / 10)))
+        else:
+            limits[SHARED_GPU_RESOURCE] = "1"
+        isolation = ISOLATION[sharing]
+    else:
+        isolation = ISOLATION["cpu"]
+
+    terms: list[dict[str, Any]] = []
+    models = sorted(gpu_models)
+    if models and (num_gpu or gpu_milli):
+        terms.append(
+            {"key": PRODUCT_LABEL, "operator": "In", "values": [product_label(m) for m in models]}
+        )
+    if node_name:
+        terms.append({"key": HOSTNAME_LABEL, "operator": "In", "values": [node_name]})
+    affinity = [{"matchExpressions": terms}] if terms else []
+
+    tolerations = []
+    if priority == "preemptible":
+        tolerations.append({"key": SPOT_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
+    return KubeGPUSpec(
+        limits=limits,
+        node_affinity_required=affinity,
+        tolerations=tolerations,
+        priority_class_name=priority_classes.get(priority, ""),
+        isolation=isolation,
+    )

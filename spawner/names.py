@@ -1,0 +1,136 @@
+"""Names shared across processes: Kubernetes labels, annotations, resources and environment variables.
+
+Each name is defined here once and imported on both sides of the boundary it crosses: the hub and
+its spawners write them, and a user's server, kernel, pod, the JupyterLab extension, the node agent
+of the dev cluster or the metrics service read them. A typo on one side would fail silently (an
+unset variable, an unmatched label), so neither side spells the string itself.
+
+This module imports nothing, not even the standard library: code that runs as the user
+(`gpulab.spawner.singleuser`, the extension) and the pure allocator may import it at no cost.
+Every value is part of a deployed contract (pod labels outlive a hub upgrade; images read the
+variables), so never change a string here, only add names.
+"""
+
+from __future__ import annotations
+
+# --- Kubernetes node labels and taints ------------------------------------------------------------
+# Written on Nodes by the cluster (the dev cluster's devcluster/spec.py simulates it); read by the
+# kube spawner (affinity, Node -> inventory) and the allocator (rack locality).
+
+#: A node's rack; requests sharing an affinity group prefer one rack. The pure allocator
+#: (gpulab.hub.allocator.model) keeps its own copy of this and ZONE_LABEL so that it imports no
+#: gpulab package (it is checked with mypy --strict on its own); tests/spawner/test_names.py
+#: checks the copies are equal.
+RACK_LABEL = "gpulab.io/rack"
+#: Kubernetes' standard zone label (informational; a fallback locality key).
+ZONE_LABEL = "topology.kubernetes.io/zone"
+#: Kubernetes' standard hostname label (pod anti-affinity per node).
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: The NoSchedule taint on spot/preemptible nodes; preemptible profiles tolerate it.
+SPOT_TAINT_KEY = "gpulab.io/spot"
+#: Label `=spot` on the same nodes (capacity type, for selectors and dashboards).
+SPOT_LABEL = "gpulab.io/capacity-type"
+#: The GPUs of a node joined by NVLink (one group per node when set).
+NVLINK_GROUP_LABEL = "gpulab.io/nvlink-group"
+#: GPU model label of NVIDIA's GPU feature discovery (node affinity for a profile's model).
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+# --- Labels on inventory nodes the hub builds itself (declared or NVML), read by the admin API -----
+INVENTORY_LABEL = "gpulab.io/inventory"
+MIG_ENABLED_LABEL = "gpulab.io/mig-enabled"
+
+# --- NVIDIA extended resources --------------------------------------------------------------------
+# Advertised on Nodes by the device plugin / HAMi (simulated by the dev cluster's node agent),
+# requested in pods by the kube spawner (spawner/kube/gpu_resources.py).
+
+#: Whole GPUs (NVIDIA device plugin).
+GPU_RESOURCE = "nvidia.com/gpu"
+#: Time-slicing replicas (device plugin with renameByDefault).
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
+#: MIG slices: the prefix of `nvidia.com/mig-<g>g.<mem>gb` (mixed strategy).
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+#: HAMi's memory (MiB) and compute (% of one GPU) limits.
+HAMI_MEMORY_RESOURCE = "nvidia.com/gpumem"
+HAMI_CORES_RESOURCE = "nvidia.com/gpucores"
+
+# --- Pod labels and annotations written by the kube spawner ---------------------------------------
+
+#: Placements of a server's GPUs (JSON); the hub rebuilds its ledger from these after a restart.
+PLACEMENT_ANNOTATION = "gpulab.io/placement"
+#: The profile's priority class ("on-demand" / "preemptible") on the pod.
+PRIORITY_LABEL = "gpulab.io/priority"
+#: Pods of one affinity group (preferred together on a rack / zone).
+AFFINITY_LABEL = "gpulab.io/affinity-group"
+
+# --- Workspace volumes and snapshots (kube spawner writes; dev cluster snapshotter reads) ---------
+
+#: The workspace (user/server) a PVC or VolumeSnapshot belongs to.
+WORKSPACE_LABEL = "gpulab.io/workspace"
+#: The user's label for a snapshot.
+SNAPSHOT_KIND_LABEL = "gpulab.io/snapshot-label"
+#: File count/size of a snapshot, written by the snapshotter, shown in the workspaces page.
+SNAPSHOT_FILES_ANNOTATION = "snapshot.gpulab.io/files"
+
+# --- Environment of a user's server: GPUs -----------------------------------------------------------
+# Written by the spawners (spawner/environment.py, spawner/local, spawner/kube); read by the GPU
+# caps hook (spawner/singleuser/gpu_caps) and the extension's GPU panel (jupyterlab_gpulab/share.py).
+
+#: Comma-separated UUIDs of the server's GPUs.
+GPU_UUIDS_ENV = "GPULAB_GPU_UUIDS"
+#: How the GPU share is enforced ("exclusive", "mig", "hami", "caps", ...).
+GPU_ENFORCEMENT_ENV = "GPULAB_GPU_ENFORCEMENT"
+#: The fraction of one GPU (e.g. "0.250") of a fractional share.
+GPU_FRACTION_ENV = "GPULAB_GPU_FRACTION"
+#: The memory cap in MiB of a fractional share.
+GPU_MEMORY_LIMIT_MIB_ENV = "GPULAB_GPU_MEMORY_LIMIT_MIB"
+#: The kube cluster's sharing backend of a fractional share ("" for whole GPUs).
+GPU_SHARING_ENV = "GPULAB_GPU_SHARING"
+#: "1": the spawner installed the sitecustomize hook that caps memory per process.
+CAPS_HOOK_ENV = "GPULAB_CAPS_HOOK"
+#: The isolation sentence shown to the user.
+ISOLATION_ENV = "GPULAB_ISOLATION"
+#: The slug of the server's profile.
+PROFILE_ENV = "GPULAB_PROFILE"
+
+# --- Environment of a user's server: kernel checkpoints ---------------------------------------------
+# Written by the spawner (spawner/singleuser/checkpoint/environment.py, run in the hub); read by
+# the IPython extension and the store in the kernel (spawner/singleuser/checkpoint/).
+
+#: The server's checkpoint root (default ~/.gpulab/checkpoints/<server or 'default'>).
+CHECKPOINT_DIR_ENV = "GPULAB_CHECKPOINT_DIR"
+#: The slot of one kernel (default: its notebook path).
+CHECKPOINT_SLOT_ENV = "GPULAB_CHECKPOINT_SLOT"
+#: The file holding the user's signing key (a mounted Secret on Kubernetes).
+CHECKPOINT_KEY_FILE_ENV = "GPULAB_CHECKPOINT_KEY_FILE"
+#: The user whose key signs the checkpoints.
+CHECKPOINT_USER_ENV = "GPULAB_CHECKPOINT_USER"
+#: "1": restore the latest checkpoint once without asking (after a preemption respawn).
+AUTO_RESTORE_ENV = "GPULAB_AUTO_RESTORE"
+#: Changed MB above which a save is incremental.
+CHECKPOINT_INCREMENTAL_MB_ENV = "GPULAB_CHECKPOINT_INCREMENTAL_MB"
+#: Seconds to wait after a cell before saving.
+CHECKPOINT_IDLE_SECONDS_ENV = "GPULAB_CHECKPOINT_IDLE_SECONDS"
+#: "0": checkpoints off.
+CHECKPOINT_ENABLED_ENV = "GPULAB_CHECKPOINT"
+
+# --- Environment of a user's server: the GPU monitor (extension) ---------------------------------
+# Set by the dev cluster / test harness for servers without NVML; read by jupyterlab_gpulab.
+
+#: The monitor's figures source ("auto", "nvml", "simulated", "none").
+MONITOR_SOURCE_ENV = "GPULAB_MONITOR_SOURCE"
+#: A JSON file of simulated figures, re-read when it changes.
+SIMULATED_GPU_FILE_ENV = "GPULAB_SIMULATED_GPU_FILE"
+
+# --- Metrics push: servers -> the gpulab-metrics service -----------------------------------------
+# hub/jupyterhub_config.py sets these for every spawner; the server extension
+# (jupyterlab_gpulab/push.py) pushes; the service (hub/services/metrics/service.py) receives.
+
+#: Where a server POSTs its Prometheus exposition: the service's own address (never the proxy, so
+#: a push is no activity of the server and idle culling still applies) + its prefix + PUSH_PATH.
+#: Not a secret: it names an endpoint that checks every push's token with the hub.
+PUSH_URL_ENV = "GPULAB_METRICS_PUSH_URL"
+#: Seconds between two pushes, so the hub's config sets the cadence the service expects.
+PUSH_INTERVAL_ENV = "GPULAB_METRICS_PUSH_INTERVAL_SECONDS"
+#: The push endpoint under the service's prefix: POST api/push/<user>[/<server name>].
+PUSH_PATH = "api/push"
+DEFAULT_PUSH_INTERVAL_SECONDS = 15.0
