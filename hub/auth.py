@@ -32,14 +32,10 @@ from nativeauthenticator.orm import UserInfo
 from tornado import web
 from tornado.escape import url_escape
 from tornado.httputil import url_concat
-from traitlets import TraitError, Unicode, default
+from traitlets import Unicode, default
 
-from gpulab.hub.capacity import GPUCapacity
-from gpulab.hub.apihandlers.gpulab import gpulab_handlers
-from gpulab.hub.inventory import InventoryError
-from gpulab.hub.profiles import ProfileError
-from gpulab.hub.refusals import install_quiet_refusals, shown
-from gpulab.hub.handlers.servers import server_handler_overrides
+from gpulab.hub.config import GPULabHubHooks
+from gpulab.hub.refusals import shown
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -205,7 +201,7 @@ _REPLACED = {
 }
 
 
-class GPULabAuthenticator(NativeAuthenticator):
+class GPULabAuthenticator(GPULabHubHooks, NativeAuthenticator):
     initial_admin = Unicode(
         "admin",
         config=True,
@@ -227,21 +223,9 @@ class GPULabAuthenticator(NativeAuthenticator):
         return {self.initial_admin} if self.initial_admin else set()
 
     def __init__(self, **kwargs: Any) -> None:
+        # GPULabHubHooks: quiet refusals and the GPU configuration check at hub start
         super().__init__(**kwargs)
-        # the hub's logger (spawners and handlers log there): a refused spawn is one line
-        install_quiet_refusals(self.log)
         self.ensure_initial_admin()
-        self.check_gpu_configuration()
-
-    def check_gpu_configuration(self) -> None:
-        """Load the GPU inventory, catalog and quotas at hub start, so that a configuration
-        mistake stops the hub with a message naming the option instead of failing the first
-        spawn."""
-        try:
-            GPUCapacity.instance(config=self.config, log=self.log)
-        except (ProfileError, InventoryError, TraitError, ValueError) as e:
-            self.log.critical("gpulab configuration error: %s", e)
-            raise SystemExit(1) from None
 
     def ensure_initial_admin(self) -> None:
         if not self.initial_admin or self.user_exists(self.initial_admin):
@@ -266,9 +250,8 @@ class GPULabAuthenticator(NativeAuthenticator):
         )
 
     def get_handlers(self, app: Any) -> list[Any]:
-        handlers = [
+        # GPULabHubHooks puts gpulab's server checks first; gpulab's own REST endpoints and pages
+        # are registered by gpulab.hub.config.apply, for every authenticator alike
+        return [
             (route, _REPLACED.get(route, handler)) for route, handler in super().get_handlers(app)
         ]
-        # JupyterHub matches an authenticator's routes before its own: gpulab's server checks
-        # (reserved names, bounded bodies, no record left by a refused first start) go first
-        return server_handler_overrides + handlers + gpulab_handlers

@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-from gpulab.hub.apihandlers.gpulab import gpulab_handlers  # noqa: F401  (for admins switching authenticators)
+from gpulab.hub.config import apply
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
@@ -170,7 +170,11 @@ if extra:
 
 # Where users' servers share one OS account (a hub that is not root, or allow_root_servers), every
 # page says so: nobody should mistake such an install for one that keeps users apart.
-if c.JupyterHub.spawner_class in ("gpulab-simple", "gpulab.spawner.local.spawner.GPUSimpleLocalSpawner"):
+if c.JupyterHub.spawner_class in (
+    "gpulab-simple",
+    "gpulab.spawner.local.GPUSimpleLocalSpawner",
+    "gpulab.spawner.local.spawner.GPUSimpleLocalSpawner",
+):
     from gpulab.spawner.local.spawner import shared_account_warning
 
     _warning = shared_account_warning(c)
@@ -179,3 +183,7 @@ if c.JupyterHub.spawner_class in ("gpulab-simple", "gpulab.spawner.local.spawner
         _vars = dict(c.JupyterHub.get("template_vars") or {})
         _vars["announcement"] = " ".join(filter(None, [_warning, _vars.get("announcement")]))
         c.JupyterHub.template_vars = _vars
+
+# Last: gpulab's REST endpoints, pages and server checks, for whichever authenticator the admin's
+# config chose (the same call a cluster deployment's config ends with; see gpulab.hub.config)
+apply(c)
