@@ -15,12 +15,13 @@ from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.utils import url_path_join
-from jupyterlab_gpulab.lag import LoopLagMeter
-from jupyterlab_gpulab.share import share_from_env
-from jupyterlab_gpulab.sources import SimulatedSource
 from tornado import web
 from tornado.ioloop import PeriodicCallback
 from tornado.websocket import WebSocketHandler
+
+from jupyterlab_gpulab.lag import LoopLagMeter
+from jupyterlab_gpulab.share import share_from_env
+from jupyterlab_gpulab.sources import SimulatedSource
 
 DEVICES = 8
 

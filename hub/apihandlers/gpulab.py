@@ -17,8 +17,8 @@ from tornado import web
 
 from gpulab.hub.apihandlers import workspace_actions
 from gpulab.hub.capacity import GPUCapacity
-from gpulab.hub.refusals import check_body_size
 from gpulab.hub.handlers.workspaces import WorkspacesPageHandler
+from gpulab.hub.refusals import check_body_size
 
 
 class _GPULabAPIHandler(APIHandler):

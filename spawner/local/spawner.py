@@ -183,7 +183,13 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         which makes and prepares the home as the server's own account, then execs the server."""
         original = list(self.cmd)
         home = str(self.workspace_home_dir())
-        prepare = [sys.executable, "-m", "gpulab.spawner.singleuser.checkpoint.prepare", "--home", home]
+        prepare = [
+            sys.executable,
+            "-m",
+            "gpulab.spawner.singleuser.checkpoint.prepare",
+            "--home",
+            home,
+        ]
         if not self.checkpoints:
             prepare.append("--directory-only")
         self.cmd = [*prepare, "--", *original]

@@ -36,12 +36,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from tornado import web
 from traitlets import Bool, Float, Integer, List, Unicode, default
 
-from gpulab.spawner.singleuser.checkpoint import derive_user_key
-from gpulab.spawner.singleuser.checkpoint.environment import persistent_env, server_args
-from gpulab.spawner.singleuser.checkpoint.prepare import CONTAINER_KEYS
-from gpulab.spawner.singleuser.checkpoint.secret import load_or_create_secret
-from gpulab.spawner.singleuser.checkpoint.signing import key_to_text
-from gpulab.spawner.workspaces.kube_offer import offered_checkpoints
 from gpulab.spawner.kube.objects import (
     CHECKPOINT_KEY_DIR,
     CHECKPOINT_KEY_FIELD,
@@ -60,6 +54,12 @@ from gpulab.spawner.kube.objects import (
 )
 from gpulab.spawner.kube.snapshots import snapshot_listing, snapshots_to_delete
 from gpulab.spawner.names import SNAPSHOT_KIND_LABEL, WORKSPACE_LABEL
+from gpulab.spawner.singleuser.checkpoint import derive_user_key
+from gpulab.spawner.singleuser.checkpoint.environment import persistent_env, server_args
+from gpulab.spawner.singleuser.checkpoint.prepare import CONTAINER_KEYS
+from gpulab.spawner.singleuser.checkpoint.secret import load_or_create_secret
+from gpulab.spawner.singleuser.checkpoint.signing import key_to_text
+from gpulab.spawner.workspaces.kube_offer import offered_checkpoints
 from gpulab.spawner.workspaces.schedule import SCHEDULED, SnapshotScheduleMixin
 
 #: the key's file in the Secret volume (the Secret's field is projected under this name)

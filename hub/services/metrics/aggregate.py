@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpulab.hub.alerts import AlertEvent, Rule, RuleEngine
-
 from gpulab.hub.services.metrics.listing import Target
 from gpulab.hub.services.metrics.push import PushResult
 

@@ -21,7 +21,6 @@ from jupyterhub.services.auth import check_scopes
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulab.hub.alerts import Sample
-
 from gpulab.hub.services.metrics.listing import Target
 
 MIB = 1024.0 * 1024.0

@@ -48,11 +48,11 @@ from traitlets.config import Application
 from traitlets.config.loader import PyFileConfigLoader
 
 from gpulab.hub.alerts import RuleError, parse_rules
-from gpulab.spawner.names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_PATH
 from gpulab.hub.services.metrics.aggregate import Aggregate
 from gpulab.hub.services.metrics.exposition import exposition
 from gpulab.hub.services.metrics.listing import Target, list_targets, server_runs
 from gpulab.hub.services.metrics.push import PushRefused, authorize_push, push_result
+from gpulab.spawner.names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_PATH
 
 DEFAULT_RULES = 'IF gpu_utilization < 5% FOR 30m THEN alert("IDLE_GPU", severity="warning")'
 

@@ -28,7 +28,14 @@ def test_prepare_readies_the_home_then_runs_the_server_command_with_its_environm
         "GPULAB_CHECKPOINT_DIR": str(home / ".gpulab" / "checkpoints" / "exp"),
     }
     out = subprocess.run(
-        [sys.executable, "-m", "gpulab.spawner.singleuser.checkpoint.prepare", "--home", str(home), "--"]
+        [
+            sys.executable,
+            "-m",
+            "gpulab.spawner.singleuser.checkpoint.prepare",
+            "--home",
+            str(home),
+            "--",
+        ]
         + [sys.executable, "-c", SHOW_ENV],
         env=env,
         capture_output=True,
@@ -57,7 +64,13 @@ def test_outside_a_virtualenv_pip_installs_into_the_user_base(tmp_path: Path) ->
 
 def test_prepare_without_a_command_only_prepares(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "gpulab.spawner.singleuser.checkpoint.prepare", "--home", str(tmp_path / "h")],
+        [
+            sys.executable,
+            "-m",
+            "gpulab.spawner.singleuser.checkpoint.prepare",
+            "--home",
+            str(tmp_path / "h"),
+        ],
         capture_output=True,
         text=True,
     )
@@ -67,7 +80,13 @@ def test_prepare_without_a_command_only_prepares(tmp_path: Path) -> None:
 
 def test_a_missing_command_is_reported(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "gpulab.spawner.singleuser.checkpoint.prepare", "--home", str(tmp_path)]
+        [
+            sys.executable,
+            "-m",
+            "gpulab.spawner.singleuser.checkpoint.prepare",
+            "--home",
+            str(tmp_path),
+        ]
         + ["--", "gpulab-no-such-server"],
         capture_output=True,
         text=True,

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-from jupyterlab_gpulab.push import MetricsPusher, push_settings_from_env
 from tornado import web
 from tornado.httpserver import HTTPServer
 
+from jupyterlab_gpulab.push import MetricsPusher, push_settings_from_env
 from tests.harness.ports import free_port
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from jupyterlab_gpulab.rules import RuleBook, RuleRejected
 from jupyterlab_gpulab.sampler import Sample
 from jupyterlab_gpulab.sources import DeviceSample

@@ -8,6 +8,7 @@ import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from jupyterlab_gpulab.fanout import CHUNK, Fanout, Subscriber, clamp_rate
 from jupyterlab_gpulab.sampler import Sampler
 from jupyterlab_gpulab.share import Share

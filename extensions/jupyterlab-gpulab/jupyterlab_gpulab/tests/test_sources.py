@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from traitlets import TraitError
+
 from jupyterlab_gpulab.monitor import GPUMonitor
 from jupyterlab_gpulab.share import is_mig_uuid, share_from_env
 from jupyterlab_gpulab.sources import (
@@ -17,8 +20,6 @@ from jupyterlab_gpulab.sources import (
     SimulatedSource,
     select_source,
 )
-from prometheus_client.parser import text_string_to_metric_families
-from traitlets import TraitError
 
 FREE = Latencies(utilization=0, memory=0, processes=0)
 QUARTER = {
