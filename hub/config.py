@@ -16,17 +16,26 @@ GPU profiles and quotas), and it registers:
   own next and extra handlers last (`JupyterHub.init_handlers`), so these can only come first
   through the authenticator: the configured class is extended with `GPULabHubHooks`, which also
   makes expected refusals one log line and checks the GPU configuration when the hub starts (a
-  mistake stops the hub with a message naming the option, before anyone spawns).
+  mistake stops the hub with a message naming the option, before anyone spawns);
+- the hub services gpulab runs beside the hub, each with a role that holds only what it needs: the
+  idle culler (`GPULab.cull_idle_seconds`) and `gpulab-metrics` (`GPULab.metrics_*`), and where
+  every server pushes its GPU figures (`c.Spawner.environment`).
+
+Its own options are the traits of `GPULab` (``c.GPULab.cull_idle_seconds = 1800``). The
+environment variables `gpulab run` reads (GPULAB_CULL_IDLE_SECONDS, GPULAB_METRICS_*) are only
+conveniences that the shipped config turns into these traits.
 """
 
 from __future__ import annotations
 
+import socket
+import sys
 from importlib.metadata import entry_points
 from typing import Any
 
 from jupyterhub.auth import Authenticator
-from traitlets import TraitError
-from traitlets.config import Config
+from traitlets import Bool, Float, Integer, TraitError, Unicode
+from traitlets.config import Config, Configurable
 from traitlets.utils.importstring import import_item
 
 from gpulab.hub.apihandlers.gpulab import gpulab_handlers
@@ -35,6 +44,13 @@ from gpulab.hub.handlers.servers import server_handler_overrides
 from gpulab.hub.inventory import InventoryError
 from gpulab.hub.profiles import ProfileError
 from gpulab.hub.refusals import install_quiet_refusals
+from gpulab.spawner.names import (
+    DEFAULT_PUSH_INTERVAL_SECONDS,
+    METRICS_CONFIG_ENV,
+    PUSH_INTERVAL_ENV,
+    PUSH_PATH,
+    PUSH_URL_ENV,
+)
 
 #: JupyterHub's own default when a config names no authenticator
 DEFAULT_AUTHENTICATOR = "pam"
@@ -93,8 +109,109 @@ def with_hub_hooks(cls: type[Authenticator]) -> type[Authenticator]:
     return type(cls.__name__, (GPULabHubHooks, cls), {"__module__": cls.__module__})
 
 
+class GPULab(Configurable):
+    """gpulab's hub-wide options: the services it runs beside the hub."""
+
+    cull_idle_seconds = Integer(
+        3600,
+        config=True,
+        help="""Stop servers without activity for this many seconds, so that idle servers give
+        their GPUs back (JupyterHub's idle culler, run as the hub service 'idle-culler' with
+        only the scopes it needs). 0: no culling.""",
+    )
+    metrics_service = Bool(
+        True,
+        config=True,
+        help="""Run the hub service 'gpulab-metrics': every server pushes its GPU figures to it,
+        it evaluates the admins' alert rules and serves /services/gpulab-metrics/{metrics,
+        api/servers,api/alerts} to admins. Its role reads which servers run and nothing more (no
+        access:servers, no proxy): it never calls a server.""",
+    )
+    metrics_service_url = Unicode(
+        "",
+        config=True,
+        help="""Where gpulab-metrics listens, e.g. 'http://127.0.0.1:8002'. Empty: a free loopback
+        port chosen at hub start (several hubs can share a machine).""",
+    )
+    metrics_push_url = Unicode(
+        "",
+        config=True,
+        help="""The address servers push their figures to, when they reach the service by
+        another name than metrics_service_url (Kubernetes pods: the hub's in-cluster address).
+        Empty: metrics_service_url + '/api/push'. Pushes go straight to the service, never
+        through the proxy, so pushing is no activity that would keep a server from culling.""",
+    )
+    metrics_push_interval_seconds = Float(
+        DEFAULT_PUSH_INTERVAL_SECONDS,
+        config=True,
+        help="How often every server pushes its GPU figures to gpulab-metrics, in seconds.",
+    )
+    metrics_config_file = Unicode(
+        "",
+        config=True,
+        help="""A config file for gpulab-metrics (c.MetricsService.rules and its other options).
+        Empty: its defaults.""",
+    )
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _add_service(c: Config, service: dict[str, Any], scopes: list[str]) -> None:
+    """A hub service and a role of its own holding exactly `scopes` (appended: an admin's and a
+    test's services stay)."""
+    name = service["name"]
+    role = {"name": name, "scopes": scopes, "services": [name]}
+    for key, entry in (("services", service), ("load_roles", role)):
+        current = c.JupyterHub.get(key, [])
+        if isinstance(current, list):  # assigned: replace an entry of the same name, if any
+            c.JupyterHub[key] = [e for e in current if e.get("name") != name] + [entry]
+        else:  # c.JupyterHub.services.append(...) without an assignment: traitlets' lazy list
+            current.append(entry)
+
+
+def add_services(c: Config, settings: GPULab) -> None:
+    """The idle culler and gpulab-metrics as `settings` says, and where servers push."""
+    if settings.cull_idle_seconds > 0:
+        seconds = settings.cull_idle_seconds
+        command = [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={seconds}"]
+        command.append(f"--cull-every={max(1, min(300, seconds // 2))}")
+        _add_service(
+            c,
+            {"name": "idle-culler", "command": command},
+            ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        )
+    if not settings.metrics_service:
+        return
+    url = settings.metrics_service_url or f"http://127.0.0.1:{_free_loopback_port()}"
+    interval = f"{settings.metrics_push_interval_seconds:g}"
+    environment = {PUSH_INTERVAL_ENV: interval}
+    if settings.metrics_config_file:
+        environment[METRICS_CONFIG_ENV] = settings.metrics_config_file
+    service = {
+        "name": "gpulab-metrics",
+        "url": url,
+        "command": [sys.executable, "-m", "gpulab.hub.services.metrics"],
+        "environment": environment,
+        "oauth_no_confirm": True,
+        "display": False,
+    }
+    # which servers run (to refuse pushes for others and forget stopped ones); nothing that
+    # reaches a server (no access:servers) and no proxy: it never calls a server
+    _add_service(c, service, ["list:users", "read:users", "read:servers"])
+    # Where each server pushes, and how often; neither is a secret: a push carries the server's
+    # own token, worth only that server.
+    push_url = settings.metrics_push_url or f"{url.rstrip('/')}/{PUSH_PATH.strip('/')}"
+    # .update(): merged into a dict the admin assigned, or recorded to merge into the default
+    c.Spawner.environment.update({PUSH_URL_ENV: push_url, PUSH_INTERVAL_ENV: interval})
+
+
 def apply(c: Config) -> None:
     """Make the hub configured in `c` a gpulab hub (see the module docstring). Call it last."""
+    add_services(c, GPULab(config=c))
     configured = c.JupyterHub.get("authenticator_class", DEFAULT_AUTHENTICATOR)
     c.JupyterHub.authenticator_class = with_hub_hooks(authenticator_class(configured))
     extra = list(c.JupyterHub.get("extra_handlers", []))
@@ -102,4 +219,4 @@ def apply(c: Config) -> None:
     c.JupyterHub.extra_handlers = extra + [h for h in gpulab_handlers if h[0] not in routes]
 
 
-__all__ = ["GPULabHubHooks", "apply", "authenticator_class", "with_hub_hooks"]
+__all__ = ["GPULab", "GPULabHubHooks", "apply", "authenticator_class", "with_hub_hooks"]

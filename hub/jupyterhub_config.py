@@ -13,6 +13,7 @@ import shutil
 import sys
 
 from gpulab.hub.config import apply
+from gpulab.spawner.names import METRICS_CONFIG_ENV, PUSH_INTERVAL_ENV, PUSH_URL_ENV
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
@@ -69,94 +70,28 @@ c.Spawner.http_timeout = 60
 c.Spawner.start_timeout = 120
 c.Spawner.poll_interval = 10
 
-# Idle servers give their GPUs back: JupyterHub's idle culler stops servers without activity
-# (GPULAB_CULL_IDLE_SECONDS, default one hour; 0 turns culling off).
-cull_idle_seconds = int(os.environ.get("GPULAB_CULL_IDLE_SECONDS", "3600"))
+# Hub services (gpulab.hub.config.GPULab: the idle culler, gpulab-metrics) are added by apply(c)
+# at the end; admins' and tests' configs may append services of their own to these lists.
 c.JupyterHub.services = []
 c.JupyterHub.load_roles = []
-if cull_idle_seconds > 0:
-    c.JupyterHub.services.append(
-        {
-            "name": "idle-culler",
-            "command": [
-                sys.executable,
-                "-m",
-                "jupyterhub_idle_culler",
-                f"--timeout={cull_idle_seconds}",
-                f"--cull-every={max(1, min(300, cull_idle_seconds // 2))}",
-            ],
-        }
-    )
-    c.JupyterHub.load_roles.append(
-        {
-            "name": "idle-culler",
-            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-            "services": ["idle-culler"],
-        }
-    )
 
-
-# GPU figures of every server in one place (gpulab.hub.services.metrics.service): every server's GPU monitor
-# pushes its figures every GPULAB_METRICS_PUSH_INTERVAL_SECONDS (15) straight to the service, with
-# the server's own token; the service evaluates the admin's alert rules (IDLE_GPU by default) and
-# serves /services/gpulab-metrics/{metrics,api/servers,api/alerts} to admins. It calls no user
-# server, so its role holds no access:servers and no proxy scope. GPULAB_METRICS_SERVICE=0 turns it
-# off; GPULAB_METRICS_SERVICE_URL (or _PORT) is where it listens (default: a free loopback port, so
-# several hubs share a machine); GPULAB_METRICS_PUSH_URL overrides the address servers push to
-# (when they reach the service by another name, e.g. from Kubernetes pods); GPULAB_METRICS_CONFIG
-# names a config file for it (c.MetricsService.rules and friends).
-def _free_loopback_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-if os.environ.get("GPULAB_METRICS_SERVICE", "1").strip().lower() not in ("0", "false", "no", "off"):
-    from gpulab.spawner.names import (
-        DEFAULT_PUSH_INTERVAL_SECONDS,
-        PUSH_INTERVAL_ENV,
-        PUSH_PATH,
-        PUSH_URL_ENV,
-    )
-
-    _metrics_url = os.environ.get("GPULAB_METRICS_SERVICE_URL") or (
-        f"http://127.0.0.1:{int(os.environ.get('GPULAB_METRICS_SERVICE_PORT') or _free_loopback_port())}"
-    )
-    _push_interval = os.environ.get(PUSH_INTERVAL_ENV) or str(DEFAULT_PUSH_INTERVAL_SECONDS)
-    _metrics_env = {PUSH_INTERVAL_ENV: _push_interval}
-    if os.environ.get("GPULAB_METRICS_CONFIG"):
-        _metrics_env["GPULAB_METRICS_CONFIG"] = os.environ["GPULAB_METRICS_CONFIG"]
-    c.JupyterHub.services.append(
-        {
-            "name": "gpulab-metrics",
-            "url": _metrics_url,
-            "command": [sys.executable, "-m", "gpulab.hub.services.metrics.service"],
-            "environment": _metrics_env,
-            "oauth_no_confirm": True,
-            "display": False,
-        }
-    )
-    c.JupyterHub.load_roles.append(
-        {
-            "name": "gpulab-metrics",
-            # which servers run (to refuse pushes for others and forget stopped ones); nothing
-            # that reaches a server (no access:servers) and no proxy: it never calls a server
-            "scopes": ["list:users", "read:users", "read:servers"],
-            "services": ["gpulab-metrics"],
-        }
-    )
-    # Where each server pushes, and how often: .update() so that an admin's own
-    # c.Spawner.environment.update(...) adds to it (assigning a new dict would drop the push).
-    # Neither is a secret; the push carries the server's own token, worth only that server.
-    c.Spawner.environment.update(
-        {
-            PUSH_URL_ENV: os.environ.get(PUSH_URL_ENV)
-            or f"{_metrics_url.rstrip('/')}/{PUSH_PATH.strip('/')}",
-            PUSH_INTERVAL_ENV: _push_interval,
-        }
-    )
+# `gpulab run` conveniences: environment variables that become GPULab's options (an admin's own
+# config, loaded after this, can still set c.GPULab.* directly).
+_ENV_KNOBS = {
+    "GPULAB_CULL_IDLE_SECONDS": ("cull_idle_seconds", int),
+    "GPULAB_METRICS_SERVICE": (
+        "metrics_service",
+        lambda v: v.strip().lower() not in ("0", "false", "no", "off"),
+    ),
+    "GPULAB_METRICS_SERVICE_URL": ("metrics_service_url", str),
+    "GPULAB_METRICS_SERVICE_PORT": ("metrics_service_url", lambda v: f"http://127.0.0.1:{int(v)}"),
+    PUSH_URL_ENV: ("metrics_push_url", str),
+    PUSH_INTERVAL_ENV: ("metrics_push_interval_seconds", float),
+    METRICS_CONFIG_ENV: ("metrics_config_file", str),
+}
+for _env, (_trait, _parse) in _ENV_KNOBS.items():
+    if os.environ.get(_env):
+        setattr(c.GPULab, _trait, _parse(os.environ[_env]))
 
 c.GPUCapacity.declared_inventory = os.environ.get("GPULAB_DECLARED_INVENTORY", "8 x A100-SXM4-80GB")
 c.GPUCapacity.db_url = "sqlite:///gpulab-allocations.sqlite"

@@ -122,7 +122,7 @@ MONITOR_SOURCE_ENV = "GPULAB_MONITOR_SOURCE"
 SIMULATED_GPU_FILE_ENV = "GPULAB_SIMULATED_GPU_FILE"
 
 # --- Metrics push: servers -> the gpulab-metrics service -----------------------------------------
-# hub/jupyterhub_config.py sets these for every spawner; the server extension
+# gpulab.hub.config.apply sets these for every spawner; the server extension
 # (jupyterlab_gpulab/push.py) pushes; the service (hub/services/metrics/service.py) receives.
 
 #: Where a server POSTs its Prometheus exposition: the service's own address (never the proxy, so
@@ -134,3 +134,5 @@ PUSH_INTERVAL_ENV = "GPULAB_METRICS_PUSH_INTERVAL_SECONDS"
 #: The push endpoint under the service's prefix: POST api/push/<user>[/<server name>].
 PUSH_PATH = "api/push"
 DEFAULT_PUSH_INTERVAL_SECONDS = 15.0
+#: The config file the hub gives the gpulab-metrics service (GPULab.metrics_config_file).
+METRICS_CONFIG_ENV = "GPULAB_METRICS_CONFIG"

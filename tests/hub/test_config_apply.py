@@ -12,7 +12,7 @@ import pytest
 from jupyterhub.auth import DummyAuthenticator
 from traitlets.config import Config
 
-from gpulab.hub.config import GPULabHubHooks, apply, authenticator_class, with_hub_hooks
+from gpulab.hub.config import GPULab, GPULabHubHooks, apply, authenticator_class, with_hub_hooks
 from gpulab.hub.handlers.servers import server_handler_overrides
 
 DUMMY = Config(
@@ -35,6 +35,38 @@ def test_apply_extends_the_configured_authenticator_and_adds_the_handlers() -> N
     apply(c)  # a second call adds nothing twice
     assert [route for route, *_ in c.JupyterHub.extra_handlers] == routes
     assert c.JupyterHub.authenticator_class is cls
+
+
+def test_gpulab_options_decide_the_services_and_where_servers_push() -> None:
+    c = Config()
+    c.JupyterHub.services = [{"name": "admins-own", "api_token": "x" * 32}]
+    c.Spawner.environment = {"ADMINS_OWN": "1"}
+    c.GPULab.cull_idle_seconds = 600
+    c.GPULab.metrics_service_url = "http://127.0.0.1:8002"
+    c.GPULab.metrics_push_interval_seconds = 5
+    apply(c)
+    services = {s["name"]: s for s in c.JupyterHub.services}
+    assert set(services) == {"admins-own", "idle-culler", "gpulab-metrics"}
+    assert "--timeout=600" in services["idle-culler"]["command"]
+    assert services["gpulab-metrics"]["url"] == "http://127.0.0.1:8002"
+    roles = {r["name"]: r["scopes"] for r in c.JupyterHub.load_roles}
+    assert roles["gpulab-metrics"] == ["list:users", "read:users", "read:servers"]
+    assert c.Spawner.environment == {
+        "ADMINS_OWN": "1",
+        "GPULAB_METRICS_PUSH_URL": "http://127.0.0.1:8002/api/push",
+        "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "5",
+    }
+
+    off = Config()
+    off.GPULab.cull_idle_seconds = 0
+    off.GPULab.metrics_service = False
+    apply(off)
+    assert "services" not in off.JupyterHub and "environment" not in off.Spawner
+
+
+def test_every_gpulab_option_has_help() -> None:
+    traits = GPULab.class_traits(config=True)
+    assert traits and all(len(trait.help) > 40 for trait in traits.values())
 
 
 def test_the_authenticator_routes_gpulab_server_checks_first() -> None:

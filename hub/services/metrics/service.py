@@ -52,7 +52,12 @@ from gpulab.hub.services.metrics.aggregate import Aggregate
 from gpulab.hub.services.metrics.exposition import exposition
 from gpulab.hub.services.metrics.listing import Target, list_targets, server_runs
 from gpulab.hub.services.metrics.push import PushRefused, authorize_push, push_result
-from gpulab.spawner.names import DEFAULT_PUSH_INTERVAL_SECONDS, PUSH_INTERVAL_ENV, PUSH_PATH
+from gpulab.spawner.names import (
+    DEFAULT_PUSH_INTERVAL_SECONDS,
+    METRICS_CONFIG_ENV,
+    PUSH_INTERVAL_ENV,
+    PUSH_PATH,
+)
 
 DEFAULT_RULES = 'IF gpu_utilization < 5% FOR 30m THEN alert("IDLE_GPU", severity="warning")'
 
@@ -142,7 +147,7 @@ class MetricsService(Application):
 
     @default("config_file")
     def _default_config_file(self) -> str:
-        return os.environ.get("GPULAB_METRICS_CONFIG", "")
+        return os.environ.get(METRICS_CONFIG_ENV, "")
 
     @validate(
         "listing_interval_seconds",
