@@ -14,7 +14,6 @@ locked instead of "Invalid username or password".
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import secrets
 from datetime import datetime
@@ -36,14 +35,6 @@ from traitlets import Unicode, default
 
 from gpulab.hub.config import GPULabHubHooks
 from gpulab.hub.refusals import shown
-
-TEMPLATES = Path(__file__).parent / "templates"
-
-
-@functools.cache
-def _authorize_template() -> str:
-    """The approval page's template text, read once (not on every request, on the loop)."""
-    return (TEMPLATES / "gpulab-authorize.html").read_text(encoding="utf-8")
 
 
 class GPULabLoginHandler(NativeLoginHandler):
@@ -140,15 +131,13 @@ class AuthorizationAreaHandler(_AuthorizationBase):
 
     @needs_scope("admin:users")
     async def get(self) -> None:
-        env = self.settings["jinja2_env"]
-        template = env.from_string(_authorize_template())
-        ns = dict(self.template_namespace)
-        ns.update(
+        # hub/templates is on JupyterHub's template path (gpulab.hub.config.apply)
+        page = await self.render_template(
+            "gpulab-authorize.html",
             ask_email=self.authenticator.ask_email_on_signup,
             users=self.db.query(UserInfo).order_by(UserInfo.username).all(),
-            xsrf_token=self.xsrf_token.decode("ascii"),
         )
-        self.finish(await template.render_async(**ns))
+        self.finish(page)
 
 
 class ApproveUserHandler(_AuthorizationBase):

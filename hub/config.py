@@ -9,8 +9,11 @@ with OAuthenticator, say) both end with::
 It must come LAST in the config file, after every setting it reads (the authenticator class, the
 GPU profiles and quotas), and it registers:
 
-- gpulab's REST endpoints (`/hub/api/gpulab/...`) and pages (`/hub/gpulab/workspaces`) as
-  `c.JupyterHub.extra_handlers`;
+- gpulab's REST endpoints (`/hub/api/gpulab/...`, `gpulab.hub.apihandlers`) and pages
+  (`/hub/gpulab/workspaces`, `gpulab.hub.handlers`) as `c.JupyterHub.extra_handlers`, its
+  templates (hub/templates) on `c.JupyterHub.template_paths` after an admin's own, and its custom
+  scopes (`custom:gpulab:...`, `gpulab.hub.scopes`) in `c.JupyterHub.custom_scopes`, so that
+  roles may grant them;
 - gpulab's checks in front of JupyterHub's own server handlers (reserved names, bounded bodies, no
   record left by a refused first start). JupyterHub routes an authenticator's handlers first, its
   own next and extra handlers last (`JupyterHub.init_handlers`), so these can only come first
@@ -31,6 +34,7 @@ from __future__ import annotations
 import socket
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from jupyterhub.auth import Authenticator
@@ -38,12 +42,13 @@ from traitlets import Bool, Float, Integer, TraitError, Unicode
 from traitlets.config import Config, Configurable
 from traitlets.utils.importstring import import_item
 
-from gpulab.hub.apihandlers.gpulab import gpulab_handlers
+from gpulab.hub import apihandlers, handlers
 from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.handlers.servers import server_handler_overrides
 from gpulab.hub.inventory import InventoryError
 from gpulab.hub.profiles import ProfileError
 from gpulab.hub.refusals import install_quiet_refusals
+from gpulab.hub.scopes import CUSTOM_SCOPES
 from gpulab.spawner.names import (
     DEFAULT_PUSH_INTERVAL_SECONDS,
     METRICS_CONFIG_ENV,
@@ -54,6 +59,13 @@ from gpulab.spawner.names import (
 
 #: JupyterHub's own default when a config names no authenticator
 DEFAULT_AUTHENTICATOR = "pam"
+#: gpulab's HTML templates (its pages, the picker, the approval page)
+TEMPLATES = Path(__file__).parent / "templates"
+#: every route apply(c) adds after JupyterHub's own (relative to the hub's prefix): REST, pages
+gpulab_handlers: list[tuple[str, type[Any]]] = [
+    *apihandlers.default_handlers,
+    *handlers.default_handlers,
+]
 
 
 class GPULabHubHooks(Authenticator):
@@ -209,14 +221,35 @@ def add_services(c: Config, settings: GPULab) -> None:
     c.Spawner.environment.update({PUSH_URL_ENV: push_url, PUSH_INTERVAL_ENV: interval})
 
 
+def add_web(c: Config) -> None:
+    """gpulab's routes, templates and scopes, after whatever the admin's config set (each call
+    adds nothing twice)."""
+    extra = list(c.JupyterHub.get("extra_handlers", []))
+    routes = {route for route, *_ in extra}
+    c.JupyterHub.extra_handlers = extra + [h for h in gpulab_handlers if h[0] not in routes]
+    # after an admin's own paths, so that a deployment may restyle gpulab's pages too
+    paths = [str(p) for p in c.JupyterHub.get("template_paths", [])]
+    if str(TEMPLATES) not in paths:
+        c.JupyterHub.template_paths = [*paths, str(TEMPLATES)]
+    # copies: JupyterHub defines them again at start, and an identical definition is no conflict
+    scopes = dict(c.JupyterHub.get("custom_scopes", {}))
+    scopes.update({name: dict(spec) for name, spec in CUSTOM_SCOPES.items()})
+    c.JupyterHub.custom_scopes = scopes
+
+
 def apply(c: Config) -> None:
     """Make the hub configured in `c` a gpulab hub (see the module docstring). Call it last."""
     add_services(c, GPULab(config=c))
     configured = c.JupyterHub.get("authenticator_class", DEFAULT_AUTHENTICATOR)
     c.JupyterHub.authenticator_class = with_hub_hooks(authenticator_class(configured))
-    extra = list(c.JupyterHub.get("extra_handlers", []))
-    routes = {route for route, *_ in extra}
-    c.JupyterHub.extra_handlers = extra + [h for h in gpulab_handlers if h[0] not in routes]
+    add_web(c)
 
 
-__all__ = ["GPULab", "GPULabHubHooks", "apply", "authenticator_class", "with_hub_hooks"]
+__all__ = [
+    "GPULab",
+    "GPULabHubHooks",
+    "apply",
+    "authenticator_class",
+    "gpulab_handlers",
+    "with_hub_hooks",
+]

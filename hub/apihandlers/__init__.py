@@ -1,1 +1,18 @@
-"""gpulab's REST endpoints under /hub/api/gpulab/ (one module per resource)."""
+"""gpulab's REST endpoints under /hub/api/gpulab/, one module per resource (as
+`jupyterhub.apihandlers`): capacity, allocations, and workspace snapshots (with restore and clone).
+
+`default_handlers` is every route, relative to the hub's prefix; `gpulab.hub.config.apply(c)`
+registers them (with the pages of `gpulab.hub.handlers`) as `c.JupyterHub.extra_handlers`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpulab.hub.apihandlers import allocations, capacity, snapshots
+
+default_handlers: list[tuple[str, type[Any]]] = [
+    *capacity.default_handlers,
+    *allocations.default_handlers,
+    *snapshots.default_handlers,
+]

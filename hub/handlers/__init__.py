@@ -1,1 +1,16 @@
-"""gpulab's hub pages (HTML) and its checks in front of JupyterHub's own server handlers."""
+"""gpulab's hub pages (HTML) and its checks in front of JupyterHub's own server handlers.
+
+`default_handlers`: the pages (`/hub/gpulab/workspaces`), registered by
+`gpulab.hub.config.apply(c)` as extra handlers. `servers.server_handler_overrides` are not among
+them: they must come before JupyterHub's own routes, so apply(c) has the authenticator return them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpulab.hub.handlers import workspaces
+
+default_handlers: list[tuple[str, type[Any]]] = [
+    *workspaces.default_handlers,
+]

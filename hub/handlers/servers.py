@@ -8,9 +8,9 @@
   every user anyway (`user.spawner`) and the home page needs it.
 - The spawn API's body is capped at `MAX_BODY_BYTES` (413) before JupyterHub parses it.
 
-These subclasses are registered by `GPULabAuthenticator.get_handlers`, whose routes JupyterHub
-matches before its own (an authenticator's handlers come first); with another authenticator, add
-`server_handler_overrides` to its `get_handlers`.
+These subclasses are returned first by the hub's authenticator's `get_handlers`, whose routes
+JupyterHub matches before its own: `gpulab.hub.config.apply(c)` extends whichever authenticator
+class is configured with `GPULabHubHooks`, which does that.
 """
 
 from __future__ import annotations

@@ -16,72 +16,8 @@ from gpulab.hub.apihandlers import workspace_actions
 from gpulab.hub.refusals import check_body_size, shown
 from gpulab.spawner.picker import snapshot_time
 
-_PAGE = """
-{% extends "page.html" %}
-{% block main %}
-<div class="container gpulab-workspaces">
-  <h1>Workspaces{% if owner != user.name %} of {{ owner }}{% endif %}</h1>
-  <p>Every stop keeps a snapshot of the server's home (files, installed packages, environments and
-  kernel variables). Restore puts a stopped server's home back as it was (the current home is kept
-  as a <em>before-restore</em> snapshot); clone starts a new named server from a snapshot.</p>
-  {% if done %}<div class="alert alert-success gpulab-done" role="status">{{ done }}</div>{% endif %}
-  {% if error %}<div class="alert alert-danger gpulab-error" role="alert">{{ error }}</div>{% endif %}
-  {% for s in servers %}
-  <section class="gpulab-server card my-3" data-server="{{ s.name }}">
-    <div class="card-header">
-      <strong>{{ s.name or "default server" }}</strong>
-      {% if s.active %}<span class="badge text-bg-success">running</span>
-      {% else %}<span class="badge text-bg-secondary">stopped</span>{% endif %}
-      <a class="ms-2" href="{{ base_url }}spawn/{{ owner }}{% if s.name %}/{{ s.name }}{% endif %}">start</a>
-      <form method="post" class="d-inline ms-2">
-        <input type="hidden" name="_xsrf" value="{{ xsrf_token }}">
-        <input type="hidden" name="action" value="snapshot">
-        <input type="hidden" name="server" value="{{ s.name }}">
-        <button class="btn btn-sm btn-outline-primary gpulab-snapshot-now" type="submit">Snapshot now</button>
-      </form>
-    </div>
-    <div class="card-body">
-    {% for k in s.kernels %}
-      <p class="gpulab-kernel-checkpoint">Kernel of {{ k.notebook }}: {{ k.offer }}</p>
-    {% endfor %}
-    {% if not s.snapshots %}<p>No snapshot yet: one is taken each time the server stops.</p>{% else %}
-    <table class="table table-sm align-middle">
-      <thead><tr><th>Taken</th><th>Why</th><th>Files</th><th>Size</th><th></th></tr></thead>
-      <tbody>
-      {% for snap in s.snapshots %}
-      <tr class="gpulab-snapshot" data-snapshot="{{ snap.id }}">
-        <td>{{ snap.created | snapshot_time }}</td><td>{{ snap.label }}</td>
-        <td>{{ snap.files }}</td><td>{{ snap.size }}</td>
-        <td>
-          <form method="post" class="d-inline">
-            <input type="hidden" name="_xsrf" value="{{ xsrf_token }}">
-            <input type="hidden" name="action" value="restore">
-            <input type="hidden" name="server" value="{{ s.name }}">
-            <input type="hidden" name="snapshot" value="{{ snap.id }}">
-            <button class="btn btn-sm btn-outline-primary gpulab-restore" type="submit"
-              {% if s.busy %}disabled title="Stop {{ s.busy }} first: it uses this home"{% endif %}>Restore</button>
-          </form>
-          <form method="post" class="d-inline ms-2">
-            <input type="hidden" name="_xsrf" value="{{ xsrf_token }}">
-            <input type="hidden" name="action" value="clone">
-            <input type="hidden" name="server" value="{{ s.name }}">
-            <input type="hidden" name="snapshot" value="{{ snap.id }}">
-            <input name="name" class="form-control form-control-sm d-inline w-auto gpulab-clone-name"
-                   placeholder="new server name" pattern="[a-z0-9][a-z0-9-]*" required>
-            <button class="btn btn-sm btn-outline-secondary gpulab-clone" type="submit">Clone</button>
-          </form>
-        </td>
-      </tr>
-      {% endfor %}
-      </tbody>
-    </table>
-    {% endif %}
-    </div>
-  </section>
-  {% endfor %}
-</div>
-{% endblock %}
-"""
+#: the page's template, in hub/templates
+TEMPLATE = "gpulab-workspaces.html"
 
 
 class WorkspacesPageHandler(BaseHandler):
@@ -122,15 +58,11 @@ class WorkspacesPageHandler(BaseHandler):
         env = self.settings["jinja2_env_sync"]
         if "snapshot_time" not in env.filters:
             env.filters["snapshot_time"] = snapshot_time
-        ns: dict[str, Any] = dict(self.template_namespace)
-        ns.update(
-            xsrf_token=self.xsrf_token.decode("ascii"),
-            owner=owner,
-            servers=servers,
-            done=done,
-            error=error,
+        # hub/templates is on JupyterHub's template path (gpulab.hub.config.apply)
+        page = self.render_template(
+            TEMPLATE, sync=True, owner=owner, servers=servers, done=done, error=error
         )
-        return str(env.from_string(_PAGE).render(**ns))
+        return str(page)
 
     @web.authenticated
     async def get(self) -> None:
@@ -172,3 +104,8 @@ class WorkspacesPageHandler(BaseHandler):
             self.write(await self._render(owner, error=e.get_message() or str(e)))
             return
         self.redirect(f"{self.hub.base_url}gpulab/workspaces?{urlencode(query)}")
+
+
+default_handlers: list[tuple[str, type[Any]]] = [
+    (r"/gpulab/workspaces", WorkspacesPageHandler),
+]

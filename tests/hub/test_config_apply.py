@@ -8,12 +8,28 @@ workspaces page and the checks in front of JupyterHub's server handlers must all
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
 import pytest
 from jupyterhub.auth import DummyAuthenticator
 from traitlets.config import Config
 
-from gpulab.hub.config import GPULab, GPULabHubHooks, apply, authenticator_class, with_hub_hooks
+from gpulab.hub.config import (
+    TEMPLATES,
+    GPULab,
+    GPULabHubHooks,
+    apply,
+    authenticator_class,
+    with_hub_hooks,
+)
 from gpulab.hub.handlers.servers import server_handler_overrides
+from gpulab.hub.scopes import ALLOCATIONS_READ
+from tests.harness.hub import REPO, merged
+
+JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
 
 DUMMY = Config(
     JupyterHub={"authenticator_class": "dummy"},
@@ -35,6 +51,32 @@ def test_apply_extends_the_configured_authenticator_and_adds_the_handlers() -> N
     apply(c)  # a second call adds nothing twice
     assert [route for route, *_ in c.JupyterHub.extra_handlers] == routes
     assert c.JupyterHub.authenticator_class is cls
+
+
+def test_apply_adds_the_templates_and_custom_scopes_after_the_admins_own() -> None:
+    c = Config()
+    c.JupyterHub.template_paths = ["/srv/own-templates"]
+    c.JupyterHub.custom_scopes = {"custom:own:thing": {"description": "an admin's own scope"}}
+    apply(c)
+    apply(c)
+    assert c.JupyterHub.template_paths == ["/srv/own-templates", str(TEMPLATES)]
+    assert set(c.JupyterHub.custom_scopes) == {"custom:own:thing", ALLOCATIONS_READ}
+
+
+def test_help_all_lists_every_gpulab_configurable_class(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [str(JUPYTERHUB), "-f", str(REPO / "hub" / "jupyterhub_config.py"), "--help-all"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    listed = {line.split("(")[0] for line in out.splitlines() if line.endswith(") options")}
+    gpulab = {"GPUCapacity", "GPULab", "GPULabAuthenticator", "GPULocalSpawner"}
+    gpulab |= {"GPUSimpleLocalSpawner", "GPUKubeSpawner"}
+    assert gpulab <= listed, gpulab - listed
+    assert "--GPULab.cull_idle_seconds" in out and "--GPUCapacity.profiles" in out
 
 
 def test_gpulab_options_decide_the_services_and_where_servers_push() -> None:
@@ -110,9 +152,32 @@ def test_a_refused_first_start_leaves_no_record_under_another_authenticator(make
 
 
 def test_a_broken_gpu_configuration_stops_a_hub_with_another_authenticator(make_hub):
-    broken = Config(DUMMY)
+    broken = merged(DUMMY)  # a copy: DUMMY stays as other tests use it
     broken.GPUCapacity.profiles = [{"slug": "odd", "gpus": "1/3"}]
     hub = make_hub(broken, start=False)
     hub.start(expect_failure=True)
     assert hub.wait_exit() != 0
     assert "gpulab configuration error" in hub.log()
+
+
+def test_allocations_are_for_admins_and_holders_of_gpulabs_read_scope(make_hub):
+    overlay = merged(DUMMY)
+    overlay.JupyterHub.services.extend([{"name": "reader", "api_token": "r" * 32}])
+    overlay.JupyterHub.load_roles.extend(
+        [{"name": "allocations-reader", "services": ["reader"], "scopes": [ALLOCATIONS_READ]}]
+    )
+    hub = make_hub(overlay)
+    hub.create_user("alice")
+
+    assert hub.api("GET", "/gpulab/allocations").status_code == 200  # admin:users
+    reader = httpx.Client(
+        base_url=f"{hub.url}/hub/api", headers={"Authorization": "token " + "r" * 32}
+    )
+    r = reader.get("/gpulab/allocations")
+    assert r.status_code == 200, r.text
+    assert "allocations" in r.json()
+    assert reader.get("/users").status_code == 403  # that scope and nothing more
+
+    alice = hub.login("alice", "a-shared-test-password")
+    assert alice.get("/hub/api/gpulab/allocations").status_code == 403
+    assert alice.get("/hub/api/gpulab/capacity").status_code == 200

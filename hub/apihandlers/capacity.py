@@ -1,0 +1,49 @@
+"""GET /hub/api/gpulab/capacity: the caller's GPU profiles with free and waiting counts, and quota."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tornado import web
+
+from gpulab.hub.apihandlers.base import GPULabAPIHandler
+
+
+class CapacityAPIHandler(GPULabAPIHandler):
+    """GET /hub/api/gpulab/capacity: the caller's profiles with free and waiting counts."""
+
+    async def get(self) -> None:
+        caller = self.current_user
+        if caller is None:
+            raise web.HTTPError(403, "Authentication required")
+        groups = self.caller_groups()
+        capacity = self.gpu_capacity
+        await capacity.ready()
+        profiles = []
+        for profile in capacity.visible_profiles(groups, self.sees_every_profile()):
+            a = capacity.availability(profile)
+            profiles.append(
+                {
+                    "slug": profile.slug,
+                    "display_name": profile.display_name,
+                    "gpus": profile.gpu_label,
+                    "gpu_models": sorted(profile.gpu_models),
+                    "priority": profile.priority,
+                    "free": a.free,
+                    "waiting": a.waiting,
+                    "label": a.label,
+                }
+            )
+        self.write(
+            {
+                "inventory": capacity.inventory_label,
+                "declared": capacity.inventory_is_declared,
+                "quota": capacity.quota_summary(caller.name, groups),
+                "profiles": profiles,
+            }
+        )
+
+
+default_handlers: list[tuple[str, type[Any]]] = [
+    (r"/api/gpulab/capacity", CapacityAPIHandler),
+]

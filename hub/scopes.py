@@ -1,0 +1,25 @@
+"""gpulab's custom scopes (JupyterHub's `custom:` scopes): what a role may grant beyond JupyterHub's own.
+
+They are defined here, when this module is imported, because `needs_scope` checks at decoration
+time that a scope exists: the REST handlers that use them import this module first.
+`gpulab.hub.config.apply(c)` puts the same definitions into `c.JupyterHub.custom_scopes`, so
+that roles in `c.JupyterHub.load_roles` may grant them (JupyterHub defines them again at start;
+an identical definition is no conflict).
+"""
+
+from __future__ import annotations
+
+from jupyterhub.scopes import define_custom_scopes
+
+#: list every user's GPU allocations (GET /hub/api/gpulab/allocations); admins may already
+#: (admin:users): grant this to a service or a group that should read them and do nothing else
+ALLOCATIONS_READ = "custom:gpulab:allocations:read"
+
+#: every custom scope gpulab defines, as `c.JupyterHub.custom_scopes` takes them
+CUSTOM_SCOPES: dict[str, dict[str, str]] = {
+    ALLOCATIONS_READ: {
+        "description": "List every user's GPU allocations (which GPUs, on which node, why).",
+    },
+}
+
+define_custom_scopes(CUSTOM_SCOPES)
