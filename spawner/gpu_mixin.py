@@ -27,11 +27,11 @@ from gpulab.hub.allocator import (
 from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.profiles import Profile
 from gpulab.hub.refusals import MAX_BODY_BYTES, refusal, shown
+from gpulab.hub.workspaces import Workspaces, keeps_workspaces
 from gpulab.spawner.environment import AssignedGPU, Enforcement, enforcement_for
 from gpulab.spawner.picker import PickerRow, render_picker
+from gpulab.spawner.workspaces.base import WORKSPACE_OPTION_KEYS, workspace_choices
 
-#: one-shot choices about the workspace, applied at the next start and then forgotten
-WORKSPACE_OPTION_KEYS = frozenset({"restore_snapshot", "restore_kernels"})
 _ALLOWED_OPTION_KEYS = {"profile", *WORKSPACE_OPTION_KEYS}
 
 
@@ -125,8 +125,7 @@ class GPUSpawnerMixin(Configurable):
             rows.append(
                 PickerRow(a, self.isolation_preview(p), p.slug == default, bool(reason), reason)
             )
-        offer = getattr(self, "workspace_offer", None)
-        workspace = await offer() if offer is not None else None
+        workspace = await self.workspace_offer() if isinstance(self, Workspaces) else None
         return render_picker(
             rows,
             inventory_label=capacity.inventory_label,
@@ -178,32 +177,9 @@ class GPUSpawnerMixin(Configurable):
     def gpulab_apply_user_options(self, user_options: Any) -> None:
         """JupyterHub's apply_user_options hook: validate the choice before anything starts."""
         self.gpulab_profile = self.resolve_profile(user_options)
-        self.workspace_options(user_options)
-
-    def workspace_options(self, user_options: Any) -> tuple[str | None, bool]:
-        """(snapshot to restore the home from, restore kernel variables without asking), checked."""
-        options = user_options if isinstance(user_options, dict) else {}
-        snapshot = options.get("restore_snapshot")
-        if snapshot is not None and (not isinstance(snapshot, str) or not snapshot):
-            raise refusal(
-                400, f"'restore_snapshot' must be a snapshot id (a string), got {shown(snapshot)}"
-            )
-        kernels = options.get("restore_kernels", False)
-        if not isinstance(kernels, bool):
-            raise refusal(400, f"'restore_kernels' must be true or false, got {shown(kernels)}")
-        if (snapshot or kernels) and not hasattr(self, "restore_workspace"):
+        snapshot, kernels = workspace_choices(user_options)
+        if (snapshot or kernels) and not keeps_workspaces(self):
             raise refusal(400, f"{type(self).__name__} keeps no workspace checkpoints")
-        return snapshot, kernels
-
-    def forget_workspace_options(self) -> None:
-        """The workspace choices hold for one start: JupyterHub reuses a server's last options
-        when a start names none, and a second restore would throw away work done since."""
-        for holder in (self, getattr(self, "orm_spawner", None)):
-            options = getattr(holder, "user_options", None)
-            if isinstance(options, dict) and WORKSPACE_OPTION_KEYS & set(options):
-                holder.user_options = {  # type: ignore[union-attr]
-                    k: v for k, v in options.items() if k not in WORKSPACE_OPTION_KEYS
-                }
 
     def resolve_profile(self, user_options: Any) -> Profile:
         """The profile a request names, refused with a readable 4xx when it is unknown,

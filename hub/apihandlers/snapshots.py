@@ -5,7 +5,8 @@ clone one into a new named server.
     POST     .../snapshots/{id}/restore
     POST     .../snapshots/{id}/clone  {"name": "new-server"}
 
-Who may (the owner or an admin) and what each action does are in
+Who may (JupyterHub's scopes `read:servers` and `servers` on the owner: the owner, admins, any
+role that grants them) and what each action does are in
 `gpulab.hub.apihandlers.workspace_actions`, shared with the workspaces page.
 """
 
@@ -20,8 +21,10 @@ from gpulab.hub.apihandlers.base import GPULabAPIHandler
 
 
 class _WorkspaceHandler(GPULabAPIHandler):
-    def _spawner_for(self, username: str, server: str) -> Any:
-        return workspace_actions.workspace_spawner(self, username, server)
+    def _spawner_for(
+        self, username: str, server: str, scope: str = workspace_actions.CHANGE
+    ) -> Any:
+        return workspace_actions.workspace_spawner(self, username, server, scope)
 
 
 class WorkspaceSnapshotsAPIHandler(_WorkspaceHandler):
@@ -29,9 +32,9 @@ class WorkspaceSnapshotsAPIHandler(_WorkspaceHandler):
     kernel checkpoints a start would offer; POST: take one now."""
 
     async def get(self, username: str, server: str = "") -> None:
-        spawner = self._spawner_for(username, server)
-        offer = getattr(spawner, "workspace_offer", None)
-        kernels = ((await offer()) or {}).get("kernels", []) if offer else []
+        spawner = self._spawner_for(username, server, workspace_actions.READ)
+        offer = await spawner.workspace_offer()
+        kernels = offer["kernels"] if offer else []
         self.write({"snapshots": await spawner.list_workspace_snapshots(), "kernels": kernels})
 
     async def post(self, username: str, server: str = "") -> None:

@@ -9,28 +9,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from jupyterhub.scopes import Scope
 from jupyterhub.slugs import is_valid_safe_slug
 from tornado import web
 
 from gpulab.hub.refusals import refusal, shown
-
-#: the home directory name of the default server: no named server may be called that
-DEFAULT_HOME = "default"
+from gpulab.hub.workspaces import DEFAULT_HOME, Workspaces, keeps_workspaces
 
 
 def home_dir_name(spawner: Any) -> str:
-    """The name of a server's home directory: the name it had when its home was created (a
-    renamed server keeps its home), `default` for the default server."""
-    name = getattr(spawner, "workspace_dir_name", None)
-    return str(name) if name else (spawner.name or DEFAULT_HOME)
+    """The name of a server's home directory (`Workspaces.workspace_dir_name`); for a spawner
+    that keeps no workspace, its name (`default` for the default server)."""
+    if keeps_workspaces(spawner):
+        return str(spawner.workspace_dir_name)
+    return str(spawner.name or DEFAULT_HOME)
 
 
 def home_of(spawner: Any) -> str:
-    """What identifies the storage a server's home lives on: on Kubernetes the home PVC (its
-    name is kept in the server's state, and a clone's PVC is its own even though the clone keeps
-    the source's directory names inside), elsewhere the home directory's name."""
-    pvc = getattr(spawner, "pvc_name", None)
-    return str(pvc) if pvc else home_dir_name(spawner)
+    """What identifies the storage a server's home lives on (`Workspaces.workspace_home_id`:
+    on Kubernetes the home PVC, elsewhere the home directory's name)."""
+    if keeps_workspaces(spawner):
+        return str(spawner.workspace_home_id())
+    return home_dir_name(spawner)
 
 
 def servers_using_home(user: Any, home: str, key: Any = home_of) -> list[Any]:
@@ -73,25 +73,35 @@ def check_new_server_name(user: Any, server_name: str, renamed_from: str | None 
         )
 
 
-def workspace_spawner(handler: Any, username: str, server: str) -> Any:
-    """The spawner of `username`'s server, for its owner or an admin (else 403/404/400)."""
-    caller = handler.current_user
-    if caller is None:
+#: the JupyterHub scopes workspace actions need on the server's owner: reading lists snapshots and
+#: offers; taking, restoring and cloning change what the user's servers hold, as starting one does
+READ, CHANGE = "read:servers", "servers"
+
+
+def workspace_spawner(handler: Any, username: str, server: str, scope: str) -> Workspaces:
+    """The spawner of `username`'s server, when the request holds JupyterHub's `scope` for it
+    (its owner and admins do, through JupyterHub's default roles; any role may grant it, filtered
+    by user, group or server), else 403; 404 for a user or server that does not exist."""
+    if handler.current_user is None:
         raise web.HTTPError(403, "Authentication required")
-    is_admin = bool(getattr(caller, "admin", False)) or "admin:users" in handler.expanded_scopes
-    if caller.name != username and not is_admin:
-        raise web.HTTPError(
-            403, f"Only {shown(username)} and admins may see {shown(username)}'s snapshots"
-        )
+    may = handler.get_scope_filter(scope)
     user = handler.find_user(username)
     if user is None:
-        raise web.HTTPError(404, f"No such user {shown(username)}")
-    if server and server not in user.orm_spawners:
+        # only a caller who may act on every user learns that this one does not exist
+        may_all = handler.parsed_scopes.get(scope) is Scope.ALL
+        raise web.HTTPError(404 if may_all else 403, f"No such user {shown(username)}")
+    orm_server = user.orm_spawners.get(server)
+    allowed = may(orm_server, kind="server") if orm_server else may(user.orm_user, kind="user")
+    if not allowed:
+        raise web.HTTPError(
+            403, f"You lack the scope {scope!r} on user {shown(username)} (servers and snapshots)"
+        )
+    if server and orm_server is None:
         raise web.HTTPError(404, f"{username} has no server named {shown(server)}")
     spawner = user.spawners[server]
-    if not hasattr(spawner, "restore_workspace"):
+    if not keeps_workspaces(spawner):
         raise web.HTTPError(400, f"{type(spawner).__name__} keeps no workspace snapshots")
-    return spawner
+    return spawner  # type: ignore[no-any-return]
 
 
 async def restore(handler: Any, spawner: Any, snapshot_id: str) -> dict[str, Any]:
@@ -109,8 +119,6 @@ async def restore(handler: Any, spawner: Any, snapshot_id: str) -> dict[str, Any
 
 async def take_snapshot(spawner: Any) -> dict[str, Any]:
     label = f"{spawner.user.name}/{spawner.name}"
-    if not hasattr(spawner, "take_workspace_snapshot"):
-        raise web.HTTPError(400, f"{type(spawner).__name__} cannot take snapshots on demand")
     snap: dict[str, Any] | None = await spawner.take_workspace_snapshot()
     if snap is None:
         raise web.HTTPError(409, f"{label} has no workspace yet: start it once first")
@@ -141,10 +149,8 @@ async def clone(handler: Any, spawner: Any, snapshot_id: str, new_name: Any) -> 
         raise web.HTTPError(
             400, f"{user.name} already has {len(named)} named servers, the limit is {limit}"
         )
-    try:
-        spawner.snapshot_store  # noqa: B018 - fail before creating anything
-    except AttributeError:
-        raise web.HTTPError(400, f"{type(spawner).__name__} cannot clone workspaces") from None
+    if not keeps_workspaces(spawner):  # before anything is created
+        raise web.HTTPError(400, f"{type(spawner).__name__} cannot clone workspaces")
     target = user.get_or_create_spawner(new_name, new_name)
     try:
         result: dict[str, Any] = await spawner.clone_workspace(snapshot_id, target)

@@ -14,6 +14,7 @@ from tornado import web
 
 from gpulab.hub.apihandlers import workspace_actions
 from gpulab.hub.refusals import check_body_size, shown
+from gpulab.hub.workspaces import keeps_workspaces
 from gpulab.spawner.picker import snapshot_time
 
 #: the page's template, in hub/templates
@@ -36,13 +37,13 @@ class WorkspacesPageHandler(BaseHandler):
         return self.get_argument("user", user.name)
 
     async def _render(self, owner: str, done: str = "", error: str = "") -> str:
-        default = workspace_actions.workspace_spawner(self, owner, "")
+        default = workspace_actions.workspace_spawner(self, owner, "", workspace_actions.READ)
         servers = []
         for name in sorted(default.user.orm_spawners):
             spawner = default.user.spawners[name]
-            if not hasattr(spawner, "list_workspace_snapshots"):
+            if not keeps_workspaces(spawner):
                 continue
-            offer = await spawner.workspace_offer() if hasattr(spawner, "workspace_offer") else None
+            offer = await spawner.workspace_offer()
             sharing = workspace_actions.servers_using_home(
                 default.user, workspace_actions.home_of(spawner)
             )
@@ -81,7 +82,9 @@ class WorkspacesPageHandler(BaseHandler):
         snapshot_id = self.get_body_argument("snapshot", "")
         query: dict[str, str] = {"user": owner} if owner != self.current_user.name else {}
         try:
-            spawner = workspace_actions.workspace_spawner(self, owner, server)
+            spawner = workspace_actions.workspace_spawner(
+                self, owner, server, workspace_actions.CHANGE
+            )
             label = server or "default server"
             if action == "restore":
                 await workspace_actions.restore(self, spawner, snapshot_id)

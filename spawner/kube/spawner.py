@@ -325,7 +325,7 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
 
     def get_env(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_env()
-        env.update(self.workspace_env())
+        env.update(self.workspace_env(env))
         return env
 
     def get_args(self) -> list[str]:
@@ -416,6 +416,13 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
         return reason
 
     _gpulab_node: str | None = None
+
+    def was_preempted(self) -> bool:
+        """Whether gpulab evicted this server for on-demand work since it started."""
+        events = self.gpu_capacity.events_for(self.allocation_id)
+        return any(
+            e["stage"] == "preempted" and e["time"] >= self._gpulab_started_at - 1 for e in events
+        )
 
     @property
     def pod_reflector_key(self) -> str:

@@ -248,7 +248,7 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         finally:
             self.watchdog.unwatch(self.allocation_id)
             await self.gpulab_release()
-        await self.snapshot_workspace(self.workspace_home_dir())
+        await self.snapshot_workspace()
 
     def get_args(self) -> list[str]:
         return [*super().get_args(), *self.workspace_args()]
@@ -266,7 +266,7 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
                 # lost rather than shut down (crash, OOM kill, reboot): the next start restores
                 # the kernels' last checkpoints without asking, as after a preemption
                 self.workspace_auto_restore = self.checkpoints and status != 0
-                await self.snapshot_workspace(self.workspace_home_dir(), label="after-exit")
+                await self.snapshot_workspace("after-exit")
         elif status is None and not self.watchdog.is_watching(self.allocation_id):
             # resumed after a hub restart: pick up the persisted placement and watch it again
             if self.gpulab_placement is None:
@@ -282,10 +282,7 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             state["gpulab_allocation"] = self.allocation_id
         if self.gpulab_profile is not None:
             state["gpulab_profile"] = self.gpulab_profile.slug
-        if self.workspace_name is not None:
-            state["gpulab_workspace"] = self.workspace_name
-        if self.workspace_auto_restore:
-            state["gpulab_auto_restore"] = True
+        state.update(self.workspace_state())
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -295,9 +292,7 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         slug = state.get("gpulab_profile")
         if slug:
             self.gpulab_profile = self.gpu_capacity.profile(slug)
-        if state.get("gpulab_workspace") is not None:
-            self.workspace_name = state["gpulab_workspace"]
-        self.workspace_auto_restore = bool(state.get("gpulab_auto_restore"))
+        self.load_workspace_state(state)
 
     def clear_state(self) -> None:
         super().clear_state()

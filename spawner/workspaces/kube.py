@@ -1,6 +1,7 @@
 """Workspaces of GPUKubeSpawner: a home PVC per server, VolumeSnapshots of it, restore and clone.
 
-The Kubernetes half of what `workspace.LocalWorkspaceMixin` does on one machine:
+The Kubernetes half of what `workspaces.local.LocalWorkspaceMixin` does on one machine (both
+implement `gpulab.hub.workspaces.Workspaces` and share `workspaces.base.WorkspaceSpawnerMixin`):
 
 - each server (user + named server) has its own home PVC (KubeSpawner's `storage_pvc_ensure`,
   `pvc_name_template` = `gpulab-home-{user_server}`), mounted at `workspace_home`; its name is
@@ -28,20 +29,17 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio.client import CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
-from tornado import web
-from traitlets import Bool, Float, Integer, List, Unicode, default
+from traitlets import Float, List, Unicode, default
 
 from gpulab.spawner.kube.objects import (
     CHECKPOINT_KEY_DIR,
     CHECKPOINT_KEY_FIELD,
     CHECKPOINT_KEY_VOLUME,
-    SNAPSHOT_GROUP,
-    SNAPSHOT_VERSION,
     checkpoint_key_mount,
     checkpoint_key_secret_manifest,
     checkpoint_key_volume,
@@ -54,13 +52,19 @@ from gpulab.spawner.kube.objects import (
 )
 from gpulab.spawner.kube.snapshots import snapshot_listing, snapshots_to_delete
 from gpulab.spawner.names import SNAPSHOT_KIND_LABEL, WORKSPACE_LABEL
-from gpulab.spawner.singleuser.checkpoint import derive_user_key
 from gpulab.spawner.singleuser.checkpoint.environment import persistent_env, server_args
 from gpulab.spawner.singleuser.checkpoint.prepare import CONTAINER_KEYS
-from gpulab.spawner.singleuser.checkpoint.secret import load_or_create_secret
 from gpulab.spawner.singleuser.checkpoint.signing import key_to_text
+from gpulab.spawner.workspaces.base import (
+    CloneResult,
+    RestoreResult,
+    SnapshotListing,
+    WorkspaceOffer,
+    WorkspaceSpawnerMixin,
+)
 from gpulab.spawner.workspaces.kube_offer import offered_checkpoints
-from gpulab.spawner.workspaces.schedule import SCHEDULED, SnapshotScheduleMixin
+from gpulab.spawner.workspaces.kube_volumes import NoSnapshotAPI, WorkspaceVolumes
+from gpulab.spawner.workspaces.schedule import SCHEDULED
 
 #: the key's file in the Secret volume (the Secret's field is projected under this name)
 KEY_FILE = f"{CHECKPOINT_KEY_DIR}/{CHECKPOINT_KEY_FIELD}"
@@ -68,22 +72,10 @@ HOME_VOLUME = "gpulab-home"
 PREEMPTED, NODE_LOST = "preempted", "node-lost"
 
 
-class WorkspaceTimeout(web.HTTPError):
-    def __init__(self, message: str) -> None:
-        super().__init__(503, message)
+class KubeWorkspaceMixin(WorkspaceSpawnerMixin):
+    """Home PVC, workspace environment, VolumeSnapshots, restore and clone for GPUKubeSpawner:
+    its implementation of `gpulab.hub.workspaces.Workspaces`."""
 
-
-class KubeWorkspaceMixin(SnapshotScheduleMixin):
-    """Home PVC, workspace environment, VolumeSnapshots, restore and clone for GPUKubeSpawner."""
-
-    checkpoints = Bool(
-        True,
-        config=True,
-        help="""Keep workspaces: a home PVC per server (packages and conda/venv environments
-        installed there survive), kernel variables checkpointed (signed per user) and offered back
-        on the next start, a VolumeSnapshot of the home each time the server stops, and automatic
-        kernel restore after a preemption or a lost node. Off with upstream `profile_list`.""",
-    )
     workspace_home = Unicode(
         "/home/jovyan",
         config=True,
@@ -97,13 +89,6 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         server's command. Empty: the home is not prepared (kernels then lack the checkpoint
         extension unless the image loads it).""",
     )
-    checkpoint_secret_file = Unicode(
-        "gpulab-checkpoint-secret",
-        config=True,
-        help="""File holding the hub secret that per-user checkpoint keys are derived from
-        (created with 32 random bytes, mode 0600, on first use; relative to the hub's directory).
-        The local spawners use the same file by default, so a user's key is the same on both.""",
-    )
     checkpoint_key_secret_name_template = Unicode(
         "gpulab-checkpoint-key-{username}",
         config=True,
@@ -111,12 +96,6 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         user's checkpoint signing key into their pods (a read-only volume: the key never appears
         in a pod spec or an environment). The usual KubeSpawner fields expand ({username},
         {user_server}, ...).""",
-    )
-    checkpoint_grace_seconds = Integer(
-        config=True,
-        help="""How long the stopping server waits for each kernel's final checkpoint
-        (--KernelManager.shutdown_wait_time). Default: half of what `delete_grace_period` leaves
-        after the preStop hook.""",
     )
 
     @default("checkpoint_grace_seconds")
@@ -129,10 +108,6 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         help="""VolumeSnapshotClass of the home snapshots; empty: the cluster's default class for
         the PVC's driver (on the dev cluster: `gpulab-local`).""",
     )
-    snapshot_keep_last = Integer(5, config=True, help="Snapshots kept per server: the newest N...")
-    snapshot_keep_daily = Integer(
-        7, config=True, help="...plus the newest of each of the last D days."
-    )
     snapshot_timeout_seconds = Float(
         120.0,
         config=True,
@@ -140,14 +115,10 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         use, and for a restored PVC to be bound.""",
     )
 
-    #: the server's name when its workspace was created (its checkpoint directory's name)
-    workspace_name: str | None = None
     #: label value of this server's snapshots; kept in the state, so a renamed server keeps it
     workspace_label: str | None = None
     #: why the last run ended, when it should bring its kernels back by itself
     gpulab_resume_reason: str | None = None
-    #: restore kernel variables without asking on this start (reset after it)
-    workspace_auto_restore: bool = False
     _gpulab_started_at: float = 0.0
     _snapshot_api_missing: bool = False
 
@@ -157,10 +128,10 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
     def workspaces_enabled(self) -> bool:
         return bool(self.checkpoints) and not getattr(self, "profile_list", None)
 
-    @property
-    def workspace_dir_name(self) -> str:
-        name = self.name if self.workspace_name is None else self.workspace_name
-        return name or "default"
+    def workspace_home_id(self) -> str:
+        # the home PVC (kept in the state); a clone's PVC is its own although the clone keeps
+        # the source's directory names inside
+        return str(self.pvc_name or self.workspace_dir_name)
 
     def _workspace_label(self) -> str:
         if self.workspace_label is None:
@@ -168,11 +139,9 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         return self.workspace_label
 
     @property
-    def custom_api(self) -> CustomObjectsApi:
-        return CustomObjectsApi(self.api.api_client)
-
-    def _user_key(self) -> bytes:
-        return derive_user_key(load_or_create_secret(self.checkpoint_secret_file), self.user.name)
+    def workspace_volumes(self) -> WorkspaceVolumes:
+        """The PVC and VolumeSnapshot calls, in this server's namespace."""
+        return WorkspaceVolumes(self.api, self.namespace, self.snapshot_timeout_seconds)
 
     def snapshot_store(self) -> str:
         """Where this server's snapshots live: VolumeSnapshots in its namespace, by label."""
@@ -180,13 +149,14 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
 
     # -- the pod --------------------------------------------------------------------------------
 
-    def workspace_env(self) -> dict[str, Any]:
+    def workspace_env(self, base_env: Mapping[str, str]) -> dict[str, str]:
         """The server's workspace environment, less what depends on the container's Python
-        (PATH, PYTHONPATH, PIP_*), which the prepare step adds inside the pod. The signing key
-        is only named: a file of the user's Secret volume (`apply_workspace_to_pod`)."""
+        (PATH, PYTHONPATH, PIP_*), which the prepare step adds inside the pod: so `base_env`,
+        the hub's view of the pod's environment, is not read. The signing key is only named: a
+        file of the user's Secret volume (`apply_workspace_to_pod`)."""
         if not self.workspaces_enabled:
             return {}
-        env: dict[str, Any] = persistent_env(
+        env = persistent_env(
             Path(self.workspace_home),
             server=self.workspace_dir_name,
             base_env={},
@@ -291,55 +261,26 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
 
     # -- start and stop hooks -----------------------------------------------------------------
 
-    async def apply_workspace_options(self) -> None:
-        """The start's one-shot choices (restore the home from a snapshot, restore kernel
-        variables), and the automatic kernel restore after a preemption or a lost node."""
-        if not self.workspaces_enabled:
-            return
-        snapshot_id, restore_kernels = self.workspace_options(self.user_options)  # type: ignore[attr-defined]
-        self.forget_workspace_options()  # type: ignore[attr-defined]
-        self.workspace_auto_restore = bool(restore_kernels or self.gpulab_resume_reason)
-        if self.gpulab_resume_reason:
-            self.log.info(
-                "Server %s/%s was %s: its kernels restore their variables without asking",
-                self.user.name,
-                self.name,
-                "preempted" if self.gpulab_resume_reason == PREEMPTED else "lost with its node",
-            )
-        if snapshot_id:
-            try:
-                await self.restore_workspace(snapshot_id)
-            except KeyError:
-                raise web.HTTPError(
-                    400,
-                    f"No snapshot {snapshot_id!r} of server {self.user.name}/{self.name}; "
-                    f"GET /hub/api/gpulab/users/{self.user.name}/snapshots lists them",
-                ) from None
-
     def workspace_started(self) -> None:
         """After a successful start: the one-shot choices are spent."""
         self.workspace_auto_restore = False
         self.gpulab_resume_reason = None
         self._gpulab_started_at = time.time()
 
+    def resume_reason(self) -> str | None:
+        return {PREEMPTED: "preempted", NODE_LOST: "lost with its node"}.get(
+            self.gpulab_resume_reason or "", self.gpulab_resume_reason
+        )
+
     def workspace_interrupted(self, reason: str) -> None:
         """The server was stopped by the cluster (preemption, lost node): its next start brings
         the kernels back by itself."""
         self.gpulab_resume_reason = reason
 
-    def was_preempted(self) -> bool:
-        """Whether gpulab evicted this server for on-demand work since it started."""
-        events = self.gpu_capacity.events_for(self.allocation_id)  # type: ignore[attr-defined]
-        return any(
-            e["stage"] == "preempted" and e["time"] >= self._gpulab_started_at - 1 for e in events
-        )
-
     # -- state ------------------------------------------------------------------------------
 
     def workspace_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {}
-        if self.workspace_name is not None:
-            state["gpulab_workspace"] = self.workspace_name
+        state = super().workspace_state()
         if self.workspace_label is not None:
             state["gpulab_workspace_label"] = self.workspace_label
         if self.gpulab_resume_reason:
@@ -348,9 +289,8 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
             state["gpulab_started_at"] = self._gpulab_started_at
         return state
 
-    def load_workspace_state(self, state: dict[str, Any]) -> None:
-        if state.get("gpulab_workspace") is not None:
-            self.workspace_name = state["gpulab_workspace"]
+    def load_workspace_state(self, state: Mapping[str, Any]) -> None:
+        super().load_workspace_state(state)
         if state.get("gpulab_workspace_label"):
             self.workspace_label = state["gpulab_workspace_label"]
         self.gpulab_resume_reason = state.get("gpulab_resume_reason") or None
@@ -363,7 +303,7 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
             return
         from sqlalchemy import inspect
 
-        orm_spawner.state = self.get_state()  # type: ignore[attr-defined]
+        orm_spawner.state = self.get_state()
         session = inspect(orm_spawner).session
         if session is not None:
             session.commit()
@@ -376,30 +316,14 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         labels[SNAPSHOT_KIND_LABEL] = dns_name(label, 63)
         return labels
 
-    async def _pvc(self, name: str) -> dict[str, Any] | None:
-        try:
-            pvc = await self.api.read_namespaced_persistent_volume_claim(name, self.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return self.api.api_client.sanitize_for_serialization(pvc)
-
     async def _snapshots_raw(self) -> list[dict[str, Any]]:
         try:
-            listing = await self.custom_api.list_namespaced_custom_object(
-                SNAPSHOT_GROUP,
-                SNAPSHOT_VERSION,
-                self.namespace,
-                "volumesnapshots",
-                label_selector=f"{WORKSPACE_LABEL}={self._workspace_label()}",
+            return await self.workspace_volumes.snapshots(
+                f"{WORKSPACE_LABEL}={self._workspace_label()}"
             )
-        except ApiException as e:
-            if e.status == 404:
-                self._warn_no_snapshot_api()
-                return []
-            raise
-        return list(listing.get("items", []))
+        except NoSnapshotAPI:
+            self._warn_no_snapshot_api()
+            return []
 
     def _warn_no_snapshot_api(self) -> None:
         if not self._snapshot_api_missing:
@@ -410,20 +334,9 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
                 self.user.name,
             )
 
-    async def _get_volume_snapshot(self, name: str) -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = await self.custom_api.get_namespaced_custom_object(
-                SNAPSHOT_GROUP, SNAPSHOT_VERSION, self.namespace, "volumesnapshots", name
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return found
-
     async def _own_snapshot(self, snapshot_id: str) -> dict[str, Any]:
         """This server's ready snapshot `snapshot_id`; KeyError for any other."""
-        vs = await self._get_volume_snapshot(snapshot_id)
+        vs = await self.workspace_volumes.snapshot(snapshot_id)
         labels = ((vs or {}).get("metadata") or {}).get("labels") or {}
         if vs is None or labels.get(WORKSPACE_LABEL) != self._workspace_label():
             raise KeyError(snapshot_id)
@@ -431,30 +344,15 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
             raise KeyError(snapshot_id)
         return vs
 
-    async def _wait_snapshot_ready(self, name: str) -> dict[str, Any]:
-        deadline = time.monotonic() + self.snapshot_timeout_seconds
-        while True:
-            vs = await self._get_volume_snapshot(name)
-            status = (vs or {}).get("status") or {}
-            if vs is not None and status.get("readyToUse"):
-                return vs
-            if time.monotonic() > deadline:
-                why = (status.get("error") or {}).get("message") or "no snapshotter answered"
-                raise WorkspaceTimeout(
-                    f"Snapshot {name} of {self.user.name}/{self.name} is not ready after "
-                    f"{self.snapshot_timeout_seconds:.0f} s: {why}"
-                )
-            await asyncio.sleep(0.3)
-
     async def snapshot_workspace(
         self, label: str = "on-stop", *, raise_errors: bool = False, retention: bool = True
-    ) -> dict[str, Any] | None:
+    ) -> SnapshotListing | None:
         """A VolumeSnapshot of the server's home PVC, once ready; retention applied after it.
         None when workspaces are off, the server has no PVC yet or the cluster cannot snapshot."""
         if not self.workspaces_enabled or not self._pvc_exists:
             return None
         try:
-            if await self._pvc(self.pvc_name) is None:
+            if await self.workspace_volumes.pvc(self.pvc_name) is None:
                 return None
             name = snapshot_name(self.pvc_name, time.time(), secrets.token_hex(3))
             body = volume_snapshot_manifest(
@@ -468,15 +366,13 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
                 },
             )
             try:
-                await self.custom_api.create_namespaced_custom_object(
-                    SNAPSHOT_GROUP, SNAPSHOT_VERSION, self.namespace, "volumesnapshots", body
-                )
-            except ApiException as e:
-                if e.status == 404:
-                    self._warn_no_snapshot_api()
-                    return None
-                raise
-            vs = await self._wait_snapshot_ready(name)
+                await self.workspace_volumes.create_snapshot(body)
+            except NoSnapshotAPI:
+                self._warn_no_snapshot_api()
+                return None
+            vs = await self.workspace_volumes.wait_snapshot_ready(
+                name, f"{self.user.name}/{self.name}"
+            )
             self.log.info(
                 "Snapshot %s (%s) of %s/%s's home %s",
                 name,
@@ -503,17 +399,8 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
             ready, keep_last=self.snapshot_keep_last, keep_daily=self.snapshot_keep_daily
         )
         for name in doomed:
-            await self._delete_snapshot(name)
+            await self.workspace_volumes.delete_snapshot(name)
         return doomed
-
-    async def _delete_snapshot(self, name: str) -> None:
-        try:
-            await self.custom_api.delete_namespaced_custom_object(
-                SNAPSHOT_GROUP, SNAPSHOT_VERSION, self.namespace, "volumesnapshots", name
-            )
-        except ApiException as e:
-            if e.status != 404:
-                raise
 
     def snapshot_schedule_wanted(self) -> bool:
         return self.workspaces_enabled
@@ -522,17 +409,13 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         # of a volume in use: crash-consistent, as a CSI snapshot of a running pod's disk is
         await self.snapshot_workspace(SCHEDULED)
 
-    async def take_workspace_snapshot(self, label: str = "on-demand") -> dict[str, Any] | None:
-        """A snapshot now (hub API, workspaces page); the server may be running."""
-        return await self.snapshot_workspace(label, raise_errors=True)
-
-    async def list_workspace_snapshots(self) -> list[dict[str, Any]]:
+    async def list_workspace_snapshots(self) -> list[SnapshotListing]:
         """This server's ready snapshots, newest first."""
         listed = [snapshot_listing(vs) for vs in await self._snapshots_raw()]
         ready = [s for s in listed if s["ready"]]
         return sorted(ready, key=lambda s: (s["created"], s["id"]), reverse=True)
 
-    async def workspace_offer(self) -> dict[str, Any] | None:
+    async def workspace_offer(self) -> WorkspaceOffer | None:
         """What the picker offers before a start: the home snapshots, and the kernel checkpoints
         when the hub can read the volume (a hostPath PV on the hub's machine, as on the dev
         cluster; elsewhere the kernels offer their checkpoint themselves)."""
@@ -564,17 +447,7 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         """The folder of the home claim's PV when it is a hostPath on the hub's machine."""
         if not self._pvc_exists:
             return None
-        try:
-            pvc = await self._pvc(self.pvc_name)
-            pv_name = ((pvc or {}).get("spec") or {}).get("volumeName")
-            if not pv_name:
-                return None
-            pv = self.api.api_client.sanitize_for_serialization(
-                await self.api.read_persistent_volume(pv_name)
-            )
-        except ApiException:
-            return None
-        path = ((pv.get("spec") or {}).get("hostPath") or {}).get("path")
+        path = await self.workspace_volumes.host_path_of(self.pvc_name)
         return Path(path) if path else None
 
     # -- restore and clone ----------------------------------------------------------------------
@@ -598,38 +471,15 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
     async def _create_pvc_from_snapshot(self, name: str, snapshot_id: str) -> None:
         """Create PVC `name` from the snapshot and wait until it is bound (its data copied).
         FileExistsError when a PVC of that name exists."""
-        body = self._home_pvc(name, snapshot_id)
-        try:
-            await self.api.create_namespaced_persistent_volume_claim(self.namespace, body)
-        except ApiException as e:
-            if e.status == 409:
-                raise FileExistsError(f"PVC {self.namespace}/{name} already exists") from None
-            raise
-        deadline = time.monotonic() + self.snapshot_timeout_seconds
-        while True:
-            pvc = await self._pvc(name)
-            if pvc and (pvc.get("status") or {}).get("phase") == "Bound":
-                return
-            if time.monotonic() > deadline:
-                await self._delete_pvc(name)
-                raise WorkspaceTimeout(
-                    f"The home restored from snapshot {snapshot_id} was not ready after "
-                    f"{self.snapshot_timeout_seconds:.0f} s; try again"
-                )
-            await asyncio.sleep(0.3)
-
-    async def _delete_pvc(self, name: str) -> None:
-        try:
-            await self.api.delete_namespaced_persistent_volume_claim(name, self.namespace)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        await self.workspace_volumes.create_bound_pvc(
+            self._home_pvc(name, snapshot_id), f"The home restored from snapshot {snapshot_id}"
+        )
 
     def _restored_pvc_name(self) -> str:
         base = self._expand_user_properties(self.pvc_name_template)
         return dns_name(f"{base}-{timestamp_slug(time.time())}-{secrets.token_hex(2)}")
 
-    async def restore_workspace(self, snapshot_id: str) -> dict[str, Any]:
+    async def restore_workspace(self, snapshot_id: str) -> RestoreResult:
         """Give the (stopped) server a home as it was in `snapshot_id`: a new PVC from the
         snapshot; the current home is kept as a 'before-restore' snapshot, then its PVC deleted.
         KeyError: no such snapshot of this server."""
@@ -641,7 +491,7 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         self.pvc_name, self._pvc_exists = new, True
         self.persist_state()
         if old and old != new:
-            await self._delete_pvc(old)
+            await self.workspace_volumes.delete_pvc(old)
         await self.apply_snapshot_retention()
         self.log.info(
             "Restored %s/%s's home to snapshot %s (PVC %s, was %s)",
@@ -653,7 +503,7 @@ class KubeWorkspaceMixin(SnapshotScheduleMixin):
         )
         return {"restored": snapshot_id, "before_restore": before["id"] if before else None}
 
-    async def clone_workspace(self, snapshot_id: str, target: KubeWorkspaceMixin) -> dict[str, Any]:
+    async def clone_workspace(self, snapshot_id: str, target: KubeWorkspaceMixin) -> CloneResult:
         """Give `target` (a new, never started server of the same user) a home PVC with the
         content of this server's snapshot `snapshot_id`, kernel checkpoints included. KeyError:
         no such snapshot; FileExistsError: the target already has a home."""

@@ -20,18 +20,24 @@ import pwd
 import secrets
 import stat
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tornado import web
-from traitlets import Bool, Integer, Unicode
+from traitlets import Unicode
 
 from gpulab.spawner.local.accounts import SystemAccount, account_name, adopt_tree
-from gpulab.spawner.singleuser.checkpoint import derive_user_key, key_to_text
+from gpulab.spawner.singleuser.checkpoint import key_to_text
 from gpulab.spawner.singleuser.checkpoint.environment import persistent_env, server_args
-from gpulab.spawner.singleuser.checkpoint.secret import load_or_create_secret
 from gpulab.spawner.singleuser.checkpoint.worker import WorkspaceOpError, run_op
-from gpulab.spawner.workspaces.schedule import SCHEDULED, SnapshotScheduleMixin
+from gpulab.spawner.workspaces.base import (
+    CloneResult,
+    RestoreResult,
+    SnapshotListing,
+    WorkspaceOffer,
+    WorkspaceSpawnerMixin,
+)
+from gpulab.spawner.workspaces.schedule import SCHEDULED
 
 #: how long one workspace operation of the worker may take: a snapshot, restore or clone copies
 #: a whole home; a listing or the picker's offer only reads manifests
@@ -39,47 +45,15 @@ WORKER_TIMEOUT_SECONDS = {"snapshot": 600.0, "restore": 600.0, "clone": 600.0}
 WORKER_READ_TIMEOUT_SECONDS = 60.0
 
 
-def server_dir_name(server_name: str) -> str:
-    """The directory name of a server's home and snapshot store: its name, 'default' for the
-    default server."""
-    return server_name or "default"
+class LocalWorkspaceMixin(WorkspaceSpawnerMixin):
+    """Homes as directories, snapshots in a store per server, kernel checkpoint keys as files:
+    the local spawners' implementation of `gpulab.hub.workspaces.Workspaces`."""
 
-
-class LocalWorkspaceMixin(SnapshotScheduleMixin):
-    checkpoints = Bool(
-        True,
-        config=True,
-        help="""Keep workspaces: installed packages and conda/venv environments in the home, kernel
-        variables checkpointed (signed per user) and offered back on the next start, and a
-        snapshot of the home each time the server stops.""",
-    )
-    checkpoint_grace_seconds = Integer(
-        30,
-        config=True,
-        help="How long a stopping server's kernels get to write their final checkpoint.",
-    )
-    checkpoint_secret_file = Unicode(
-        "gpulab-checkpoint-secret",
-        config=True,
-        help="""File holding the hub secret that per-user checkpoint keys are derived from
-        (created with 32 random bytes, mode 0600, on first use; relative to the hub's directory).""",
-    )
     snapshot_root = Unicode(
         "snapshots",
         config=True,
         help="Where home snapshots are kept, one store per user and server (outside the homes).",
     )
-    snapshot_keep_last = Integer(5, config=True, help="Snapshots kept per server: the newest N...")
-    snapshot_keep_daily = Integer(
-        7, config=True, help="...plus the newest of each of the last D days."
-    )
-
-    #: restore kernel variables without asking on the next start (the picker's "restore kernel
-    #: variables" choice, or a respawn after the server was lost); reset after that start
-    workspace_auto_restore: bool = False
-    #: the server's name when its workspace was created: a renamed server keeps its home
-    workspace_name: str | None = None
-
     checkpoint_key_dir = Unicode(
         "checkpoint-keys",
         config=True,
@@ -89,16 +63,6 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
         or open anyone else's.""",
     )
 
-    #: restore kernel variables without asking on the next start (the picker's "restore kernel
-    #: variables" choice, or a respawn after the server was lost); reset after that start
-    workspace_auto_restore: bool = False
-    #: the server's name when its workspace was created: a renamed server keeps its home
-    workspace_name: str | None = None
-
-    @property
-    def workspace_dir_name(self) -> str:
-        return server_dir_name(self.name if self.workspace_name is None else self.workspace_name)
-
     # -- whose files: the backends say (local.py) ------------------------------------------------
 
     async def workspace_account(self, create: bool = False) -> SystemAccount | None:
@@ -107,9 +71,6 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
         missing account means the user has no files yet, and None is not returned for it
         (`LookupError`)."""
         return None
-
-    def _checkpoint_secret(self) -> bytes:
-        return load_or_create_secret(self.checkpoint_secret_file)
 
     def workspace_home_dir(self) -> Path:
         """The server's home: the single-account spawner's home_dir, else the user's account's."""
@@ -121,7 +82,7 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
         for a file name, so two hub users never share one."""
         return Path(self.checkpoint_key_dir).resolve() / f"{account_name(self.user.name, 'key-')}"
 
-    def workspace_env(self, env: dict[str, str]) -> dict[str, str]:
+    def workspace_env(self, base_env: Mapping[str, str]) -> dict[str, str]:
         """Environment additions for the server process (empty when checkpoints are off). The
         key is named by its file, never put in the environment (see `signing.KEY_FILE_ENV`)."""
         if not self.checkpoints:
@@ -129,20 +90,21 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
         return persistent_env(
             self.workspace_home_dir(),
             server=self.workspace_dir_name,
-            base_env=env,
+            base_env=dict(base_env),
             key_file=self.checkpoint_key_file(),
             user=self.user.name,
             auto_restore=self.workspace_auto_restore,
         )
 
-    def _user_key(self) -> bytes:
-        return derive_user_key(self._checkpoint_secret(), self.user.name)
-
     def workspace_args(self) -> list[str]:
         return server_args(self.checkpoint_grace_seconds) if self.checkpoints else []
 
-    def snapshot_store(self) -> Path:
+    def snapshot_dir(self) -> Path:
+        """The server's snapshot store: a directory per user and server under `snapshot_root`."""
         return Path(self.snapshot_root).resolve() / self.user.name / self.workspace_dir_name
+
+    def snapshot_store(self) -> str:
+        return str(self.snapshot_dir())
 
     # -- the hub's part: top directories and the key file (as root, only in its own dirs) --------
 
@@ -153,7 +115,7 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
         home = self.workspace_home_dir()
         template = getattr(self, "home_dir_template", "")
         user_dir = home.parent if "{servername}" in template else home
-        return [user_dir, self.snapshot_store().parent]
+        return [user_dir, self.snapshot_dir().parent]
 
     def _write_key_file(self, account: SystemAccount | None) -> None:
         """Write the user's key file whole: a private temporary name, owner and mode set on the
@@ -264,17 +226,18 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
         return answer.get("result")
 
     async def snapshot_workspace(
-        self, home: Path, label: str = "on-stop", *, raise_errors: bool = False
-    ) -> dict[str, object] | None:
+        self, label: str = "on-stop", *, raise_errors: bool = False
+    ) -> SnapshotListing | None:
         """Snapshot the home into the server's store and apply retention; the snapshot's listing
         entry, or None when checkpoints are off or there is no home yet."""
         if not self.checkpoints:
             return None
+        home = self.workspace_home_dir()
         try:
-            snap: dict[str, object] | None = await self._workspace_op(
+            snap: SnapshotListing | None = await self._workspace_op(
                 "snapshot",
                 home=str(home),
-                store=str(self.snapshot_store()),
+                store=self.snapshot_store(),
                 label=label,
                 keep_last=self.snapshot_keep_last,
                 keep_daily=self.snapshot_keep_daily,
@@ -288,10 +251,6 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
             return None
         return snap
 
-    async def take_workspace_snapshot(self, label: str = "on-demand") -> dict[str, object] | None:
-        """A snapshot now (hub API, workspaces page); the server may be running."""
-        return await self.snapshot_workspace(self.workspace_home_dir(), label, raise_errors=True)
-
     # -- scheduled snapshots of running servers (SnapshotScheduleMixin) -------------------------
 
     def snapshot_schedule_wanted(self) -> bool:
@@ -300,30 +259,11 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
     async def scheduled_snapshot(self) -> None:
         # files are copied one at a time while the server runs: each file is consistent, the
         # tree as a whole is as of the walk (the on-stop snapshot is the exact one)
-        await self.snapshot_workspace(self.workspace_home_dir(), label=SCHEDULED)
+        await self.snapshot_workspace(SCHEDULED)
 
     # -- restore and clone (hub API, picker) ---------------------------------------------------
 
-    async def apply_workspace_options(self) -> None:
-        """The start's one-shot workspace choices: restore the home from a snapshot, restore
-        kernel variables without asking. Applied before anything is allocated."""
-        snapshot_id, restore_kernels = self.workspace_options(self.user_options)  # type: ignore[attr-defined]
-        self.forget_workspace_options()  # type: ignore[attr-defined]
-        if restore_kernels:
-            self.workspace_auto_restore = True
-        if snapshot_id:
-            if not self.checkpoints:
-                raise web.HTTPError(400, "Workspace checkpoints are off for this server")
-            try:
-                await self.restore_workspace(snapshot_id)
-            except KeyError:
-                raise web.HTTPError(
-                    400,
-                    f"No snapshot {snapshot_id[:80]!r} of server {self.user.name}/{self.name}; "
-                    f"GET /hub/api/gpulab/users/{self.user.name}/snapshots lists them",
-                ) from None
-
-    async def workspace_offer(self) -> dict[str, object] | None:
+    async def workspace_offer(self) -> WorkspaceOffer | None:
         """What the picker offers before a start: the kernel checkpoints that would be restored
         (one per notebook, e.g. 'Restore 23 variables (1.2 GB, saved 10:32)') and the home
         snapshots to start from. None when checkpoints are off."""
@@ -341,31 +281,29 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
             kernels = []
         return {"kernels": kernels, "snapshots": await self.list_workspace_snapshots()}
 
-    async def list_workspace_snapshots(self) -> list[dict[str, object]]:
+    async def list_workspace_snapshots(self) -> list[SnapshotListing]:
         try:
-            found: list[dict[str, object]] = await self._workspace_op(
-                "list", store=str(self.snapshot_store())
+            found: list[SnapshotListing] = await self._workspace_op(
+                "list", store=self.snapshot_store()
             )
         except LookupError:
             return []
         return found
 
-    async def restore_workspace(self, snapshot_id: str) -> dict[str, object]:
+    async def restore_workspace(self, snapshot_id: str) -> RestoreResult:
         """Put the home back as it was in `snapshot_id` (the server must be stopped); the home as
         it was just before is kept as a 'before-restore' snapshot. KeyError: no such snapshot."""
         home, store = self.workspace_home_dir(), self.snapshot_store()
         try:
             result = await self._workspace_op(
-                "restore", store=str(store), snapshot_id=snapshot_id, home=str(home)
+                "restore", store=store, snapshot_id=snapshot_id, home=str(home)
             )
         except (WorkspaceOpError, LookupError) as e:
             raise KeyError(str(e)) from None
         self.log.info("Restored %s's home %s to snapshot %s", self.user.name, home, snapshot_id)
         return {"restored": snapshot_id, "before_restore": result["before_restore"]}
 
-    async def clone_workspace(
-        self, snapshot_id: str, target: LocalWorkspaceMixin
-    ) -> dict[str, object]:
+    async def clone_workspace(self, snapshot_id: str, target: LocalWorkspaceMixin) -> CloneResult:
         """Give `target` (a new, never started server of the same user) a home with the content
         of this server's snapshot `snapshot_id`, kernel checkpoints included. KeyError: no such
         snapshot; FileExistsError: the target already has a home."""
@@ -373,7 +311,7 @@ class LocalWorkspaceMixin(SnapshotScheduleMixin):
         try:
             await self._workspace_op(
                 "clone",
-                store=str(store),
+                store=store,
                 snapshot_id=snapshot_id,
                 new_home=str(new_home),
                 rename=[self.workspace_dir_name, target.workspace_dir_name],

@@ -20,6 +20,7 @@ from gpulab.spawner.workspaces.kube import KEY_FILE
 from tests.harness.hub import Hub, merged, run_in_kernel
 from tests.harness.kube import KUBE_WORKSPACE_OVERLAY, SPAWNER_NODES, placed_pod_of, placed_pods
 from tests.harness.wait import wait_for
+from tests.harness.workspace_contract import check_workspace_contract
 
 SET_VARIABLES = """
 import os, sys
@@ -358,3 +359,8 @@ async def test_a_user_cannot_read_another_users_checkpoint_key_or_home(ws_hub, c
     assert f"{ivy_server} refused" in out
     hub.stop_server("ivy")
     hub.stop_server("mal")
+
+
+async def test_the_kube_backend_keeps_the_workspace_contract(ws_hub):
+    # the scenario tests/spawner/workspaces/test_contract.py runs on the local backend
+    await check_workspace_contract(ws_hub, "dora", profile="cpu")
