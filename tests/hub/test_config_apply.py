@@ -181,3 +181,28 @@ def test_allocations_are_for_admins_and_holders_of_gpulabs_read_scope(make_hub):
     alice = hub.login("alice", "a-shared-test-password")
     assert alice.get("/hub/api/gpulab/allocations").status_code == 403
     assert alice.get("/hub/api/gpulab/capacity").status_code == 200
+
+
+def test_workspace_actions_follow_jupyterhubs_server_scopes(make_hub):
+    # read:servers lists snapshots, servers takes/restores/clones them; granted by any role
+    overlay = merged(DUMMY)
+    overlay.JupyterHub.services.extend([{"name": "lister", "api_token": "l" * 32}])
+    overlay.JupyterHub.load_roles.extend(
+        [{"name": "snapshot-lister", "services": ["lister"], "scopes": ["read:servers"]}]
+    )
+    hub = make_hub(overlay)
+    hub.create_user("alice")
+    hub.create_user("eve")
+    lister = httpx.Client(
+        base_url=f"{hub.url}/hub/api", headers={"Authorization": "token " + "l" * 32}
+    )
+    r = lister.get("/gpulab/users/alice/snapshots")
+    assert r.status_code == 200 and r.json()["snapshots"] == [], r.text
+    r = lister.post("/gpulab/users/alice/snapshots")
+    assert r.status_code == 403 and "lack the scope 'servers'" in r.json()["message"], r.text
+    assert lister.get("/gpulab/users/nobody/snapshots").status_code == 404
+
+    eve = hub.login("eve", "a-shared-test-password")
+    assert eve.get("/hub/api/gpulab/users/alice/snapshots").status_code == 403
+    assert eve.get("/hub/api/gpulab/users/nobody/snapshots").status_code == 403  # no probing
+    assert eve.get("/hub/api/gpulab/users/eve/snapshots").status_code == 200
