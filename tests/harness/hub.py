@@ -309,7 +309,7 @@ class Hub:
         self, user: str, server: str = "", profile: str | None = None
     ) -> dict[str, Any]:
         r = self.spawn(user, server, profile)
-        assert r.status_code in (201, 202), r.text
+        assert r.status_code in (201, 202), f"{r.text}\n{self.log()[-3000:]}"
         return self.wait_ready(user, server)
 
     def stop_server(self, user: str, server: str = "", timeout: float = 60) -> None:

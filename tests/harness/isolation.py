@@ -83,7 +83,14 @@ async def prepare_victim(hub: Hub, profile: str | None = None) -> dict[str, Any]
     for user in (ATTACKER, VICTIM):
         hub.create_user(user)
         hub.start_server(user, profile=profile)
-    await run_in_kernel(hub, VICTIM, "open('diary.txt', 'w').write('private')\nsecret = 42")
+    # an explicit save: the checkpoint exists when the cell returns, however loaded the machine
+    # (the idle-time save and the one at kernel shutdown race a busy CI runner)
+    await run_in_kernel(
+        hub,
+        VICTIM,
+        "open('diary.txt', 'w').write('private')\nsecret = 42\n"
+        "get_ipython().run_line_magic('gpulab_save', '')",
+    )
     hub.stop_server(VICTIM)  # the final checkpoint and an on-stop snapshot
     hub.start_server(VICTIM, profile=profile)
     tokens = {
