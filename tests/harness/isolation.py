@@ -112,7 +112,11 @@ async def kernel_attacks(hub: Hub) -> list[Attempt]:
             next((home / ".gpulab" / "checkpoints").rglob("manifest.json"), "no checkpoint")
         ),
         "victim's key file": victim_env["GPULAB_CHECKPOINT_KEY_FILE"],
-        "victim's snapshot": str(next((state / "snapshots" / VICTIM / "default").iterdir())),
+        "victim's snapshot": str(
+            next(
+                p for p in (state / "snapshots" / VICTIM / "default").iterdir() if p.name[0] != "."
+            )
+        ),
         "hub database": str(state / "jupyterhub.sqlite"),
         "hub cookie secret": str(state / "jupyterhub_cookie_secret"),
         "hub checkpoint secret": str(state / "gpulab-checkpoint-secret"),

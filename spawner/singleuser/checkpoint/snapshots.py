@@ -33,7 +33,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -230,6 +230,20 @@ def _slug(label: str) -> str:
 # -- API ------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _store_lock(store: Path) -> Iterator[None]:
+    """One writer per store at a time (the hub's scheduled, on-demand and on-stop snapshots of
+    a server may overlap): without it, one call's stale-directory clean-up could remove the
+    directory another is filling, or, racing its rename, empty the finished snapshot through the
+    directory handle it already holds."""
+    fd = os.open(store / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def snapshot(
     home: Path, store: Path, label: str = "manual", *, exclude: Iterable[str] = ()
 ) -> Snapshot:
@@ -243,6 +257,11 @@ def snapshot(
     if store == home or home in store.parents:
         raise SnapshotError(f"snapshot store {store} must not be inside the home {home}")
     _private_dir(store)
+    with _store_lock(store):
+        return _snapshot_locked(home, store, label, exclude)
+
+
+def _snapshot_locked(home: Path, store: Path, label: str, exclude: Iterable[str]) -> Snapshot:
     for stale in store.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     created = time.time()
@@ -392,6 +411,15 @@ def apply_retention(
     deleted."""
     if keep_last < 0 or keep_daily < 0:
         raise ValueError(f"keep_last={keep_last} and keep_daily={keep_daily} must be >= 0")
+    if not Path(store).is_dir():
+        return []
+    with _store_lock(Path(store)):
+        return _apply_retention_locked(Path(store), keep_last, keep_daily, now)
+
+
+def _apply_retention_locked(
+    store: Path, keep_last: int, keep_daily: int, now: float | None
+) -> list[Snapshot]:
     snaps = list_snapshots(store)
     keep = {s.id for s in snaps[max(0, len(snaps) - keep_last) :]} if keep_last else set()
     today = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).date()
