@@ -102,8 +102,9 @@ def test_clone_makes_an_independent_new_home(home, tmp_path):
 
 def test_retention_keeps_the_last_n_and_the_newest_of_each_recent_day(home, tmp_path):
     store = tmp_path / "store"
-    now = time.time()
     day = 86400
+    # noon UTC: the ages below must not cross midnight, whatever time the test runs
+    now = (time.time() // day) * day + day / 2
     made = []
     for age_days, label in [
         (9, "old"),
