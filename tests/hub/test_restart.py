@@ -36,11 +36,13 @@ async def test_running_servers_and_allocations_survive_a_hub_restart(make_hub):
     hub.start()
 
     # alice's server is still hers, reachable through the new proxy, on the same GPU
-    deadline = time.monotonic() + 30
+    # (bob's share goes when the restarted hub polls his server: on a loaded runner that check
+    # may finish after start-up, in the background)
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "bob/" in hub.allocations():
         await asyncio.sleep(0.3)
     after = hub.allocations()
-    assert set(after) == {"alice/"}
+    assert set(after) == {"alice/"}, hub.log()[-4000:]
     assert after["alice/"]["gpus"] == before["alice/"]["gpus"]
     assert hub.server_model("alice")["ready"]
     assert hub.server_model("bob") is None
