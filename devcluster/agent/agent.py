@@ -175,7 +175,9 @@ class Agent:
             return None
         root = netpolicy.cgroup2_root() or ""
         self.netpol = netpolicy.Enforcer(
-            f"gpulab_dc_{self.octet}", f"{root}/gpulab-dc-{self.octet}".lstrip("/")
+            f"gpulab_dc_{self.octet}",
+            f"{root}/gpulab-dc-{self.octet}".lstrip("/"),
+            octet=self.octet,
         )
         await self.netpol.apply()  # an empty table: refuses early when nft cannot load one
         networking, core = client.NetworkingV1Api(self.api), client.CoreV1Api(self.api)

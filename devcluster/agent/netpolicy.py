@@ -33,6 +33,10 @@ from typing import Any
 
 from .kube import log
 
+#: low bits of a pod's conntrack mark that number the pods of one agent; the bits above are the
+#: agent's own (its address octet), so no two agents on one machine hand out the same mark
+MARK_INDEX_BITS = 16
+
 #: a set of (protocol, port) pairs, or None for every port
 Ports = frozenset[tuple[str, int]] | None
 ALL: Ports = None
@@ -297,8 +301,14 @@ def _resolve(port: Mapping[str, Any], pod: PodNet) -> dict[str, Any]:
 class Enforcer:
     """The agent's view of pods and policies, and the nft table made from it."""
 
-    def __init__(self, table: str, cgroup_root: str) -> None:
+    def __init__(self, table: str, cgroup_root: str, octet: int) -> None:
         self.table = table
+        # Conntrack marks are the machine's, not the table's: a table left by a killed agent
+        # (SIGKILL skips remove()) or a second cluster's table sees every connection's mark. Marks
+        # from this agent's own range (its address octet in the high bits) keep those tables
+        # blind to this agent's pods, which would otherwise be refused or admitted by another
+        # cluster's rules for "pod 3".
+        self.mark_base = octet << MARK_INDEX_BITS
         self.cgroup_root = cgroup_root  # e.g. "unified/gpulab-170", relative to /sys/fs/cgroup
         self.pods: dict[str, PodNet] = {}
         self.policies: dict[str, dict[str, Any]] = {}
@@ -308,7 +318,9 @@ class Enforcer:
 
     def mark_of(self, uid: str) -> int:
         if uid not in self._marks:
-            self._marks[uid] = len(self._marks) + 1
+            if len(self._marks) + 1 >= 1 << MARK_INDEX_BITS:
+                raise RuntimeError("the agent has run out of NetworkPolicy marks; restart it")
+            self._marks[uid] = self.mark_base | (len(self._marks) + 1)
         return self._marks[uid]
 
     async def apply(self) -> None:

@@ -179,3 +179,45 @@ def test_the_servers_policy_lets_only_the_hub_in_and_keeps_the_metadata_address_
     finally:
         if added.returncode == 0:
             subprocess.run(["ip", "addr", "del", f"{CLOUD_METADATA_IP}/32", "dev", "lo"])
+
+
+def test_a_killed_agents_table_leaves_another_clusters_pods_alone(kube_ns: Kube) -> None:
+    """A SIGKILLed agent leaves its nft table behind, and conntrack marks are the machine's: that
+    table's "refuse everything from pod N" must not catch this cluster's pod N (it did, before
+    agents marked from ranges of their own: a CI run's servers never came up after an earlier
+    run was killed)."""
+    kube = kube_ns
+    live_octet = int(_web(kube, {"app": "probe"}).split(".")[1])
+    stale_octet = 64 + (live_octet - 64 + 1) % 128  # another agent's range, as address_octet gives
+    root = netpolicy.cgroup2_root() or ""
+    stale = netpolicy.Enforcer(
+        "gpulab_dc_test_stale", f"{root}/gpulab-dc-test-stale".lstrip("/"), octet=stale_octet
+    )
+    deny_egress = {
+        "metadata": {"namespace": "gone", "name": "deny"},
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": []},
+    }
+    dead_pods = [
+        netpolicy.PodNet(
+            uid=f"dead-{i}",
+            namespace="gone",
+            labels={},
+            ip=f"127.{stale_octet}.1.{i + 2}",
+            cgroup=f"{stale.cgroup_root}/dead-{i}",
+            mark=stale.mark_of(f"dead-{i}"),
+        )
+        for i in range(64)  # more pods than this test's cluster has started
+    ]
+    for pod in dead_pods:  # nft resolves a cgroup when it loads the rule: they existed then
+        stale.cgroup_dir(pod.uid).mkdir(parents=True, exist_ok=True)
+    script = netpolicy.compile_ruleset(stale.table, dead_pods, [deny_egress], {"gone": {}})
+    try:
+        subprocess.run(["nft", "-f", "-"], input=script.encode(), check=True)
+        with _host_server("127.0.0.1") as port:
+            target = f"127.0.0.1:{port}"
+            assert _connect_from(kube, {"role": "client"}, target) == {target: "open"}
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", stale.table], capture_output=True)
+        for pod in dead_pods:
+            stale.cgroup_dir(pod.uid).rmdir()
+        (netpolicy.CGROUP_FS / stale.cgroup_root).rmdir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpulab.devcluster import NodeSpec
+from gpulab.devcluster.agent import netpolicy
 from gpulab.devcluster.agent.devices import Devices
 from gpulab.devcluster.agent.netpolicy import PodNet, compile_ruleset, pod_to_pod
 from gpulab.devcluster.agent.podenv import (
@@ -221,3 +222,11 @@ def test_the_ruleset_marks_pods_and_refuses_what_no_rule_allows() -> None:
     assert "ct mark 2" not in to_web  # CLIENT may not connect: no line lets it
     assert to_web.rstrip().endswith("reject")
     assert "ct mark 0 accept" in text.split("chain to_2 {")[1]  # CLIENT is open to all
+
+
+def test_no_two_agents_hand_out_the_same_mark() -> None:
+    ranges = [netpolicy.Enforcer(f"t{o}", f"c{o}", octet=o) for o in (64, 65, 191)]
+    marks = [{e.mark_of(f"pod-{i}") for i in range(1000)} for e in ranges]
+    assert all(len(m) == 1000 for m in marks)
+    assert not (marks[0] & marks[1]) and not (marks[1] & marks[2]) and not (marks[0] & marks[2])
+    assert all(0 < m < 1 << 32 for m in marks[2])  # nft marks are 32 bits
