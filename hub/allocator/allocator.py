@@ -140,7 +140,8 @@ class Allocator:
                 if mem:
                     n = min(n, mem_free // mem)
                 if milli:
-                    n = min(n, sum(f // milli for p, f in enumerate(gpus) if allowed[p]))
+                    takes = [cls.take(p, milli) if allowed[p] else 0 for p in range(len(gpus))]
+                    n = min(n, sum(f // t for f, t in zip(gpus, takes, strict=True) if t))
                 elif num_gpu:
                     idle = [p for p, f in enumerate(gpus) if f == MILLI and allowed[p]]
                     if nvlink:
@@ -361,9 +362,13 @@ class Allocator:
                 return f"GPU {share.uuid} is now a {model}, not {'|'.join(sorted(req.gpu_models))}"
             if req.num_gpu and share.milli != MILLI:
                 return f"GPU {share.uuid} holds a fraction of a whole-GPU request"
+            if req.gpu_milli and share.milli != gpus[loc[1]].take_milli(req.gpu_milli):
+                return f"GPU {share.uuid} no longer takes a share of that size as it was taken"
             shares.append((loc[1], share.milli))
-        if sum(m for _, m in shares) != req.total_gpu_milli:
+        if req.num_gpu and sum(m for _, m in shares) != req.total_gpu_milli:
             return "stored GPU shares do not add up to the request"
+        if req.gpu_milli and len(shares) != 1:
+            return "a fractional request holds exactly one GPU share"
         if not self._state.can_apply(node, req.cpu_milli, req.memory_mib, iter(shares)):
             return f"node {placement.node!r} no longer has room for it (over-commit refused)"
         self._state.apply(node, req.cpu_milli, req.memory_mib, shares, +1)

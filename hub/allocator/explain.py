@@ -46,6 +46,20 @@ def explain_no_fit(state: ClusterState, request: Request) -> str:
             f"No node has {num_gpu} free {link}{kind}GPUs (largest free block: {largest}). "
             "Ask for fewer GPUs or try later."
         )
+    if milli and largest >= milli and any(c.steps is not None for c in state.classes):
+        # free milli is not enough where devices are cut into slices, replicas or steps
+        takes = any(
+            (t := cls.take(p, milli)) and f >= t and (not models or cls.models[p] in models)
+            for sid in state.groups
+            for cls, gpus in [(state.classes[state.sigs[sid][0]], state.sigs[sid][3])]
+            for p, f in enumerate(gpus)
+        )
+        if not takes:
+            return (
+                f"No {kind}GPU slice or replica that holds {fmt_gpus(milli)} is free: this "
+                "cluster hands out fractions as MIG instances, time-slicing replicas or HAMi "
+                "splits, and those are taken. Ask for a different share or try later."
+            )
     if milli and largest < milli:
         return (
             f"No {kind}GPU has {fmt_gpus(milli)} free (largest free share: {fmt_gpus(largest)}). "

@@ -23,7 +23,18 @@ PRIORITIES: frozenset[str] = frozenset({"on-demand", "preemptible"})
 
 @dataclass(frozen=True)
 class GPU:
-    """One physical GPU. ``nvlink_group`` names the set of GPUs of its node joined by NVLink."""
+    """One device a share can be placed on: a GPU, or a part of one that the cluster hands out
+    on its own (a MIG instance, a time-slicing replica). ``nvlink_group`` names the set of GPUs
+    of its node joined by NVLink.
+
+    ``capacity_milli`` is what the device holds, in milli of a whole GPU: 1000 for a GPU, less
+    for a part (a 2g.20gb MIG instance of an 80 GB GPU: 250). Only a device of 1000 serves
+    whole-GPU requests. ``share_step_milli`` is how fractions are cut from it: 1 (any fraction;
+    gpulab enforces it), a coarser step that a share is rounded up to (HAMi with 10 splits per
+    GPU: 100, so no more than 10 shares land on it), its capacity (a MIG instance or replica
+    holds one share, whatever its size) or 0 (no fractions: a GPU the cluster offers whole
+    only). A share holds what was taken, rounded; quotas count what was asked.
+    """
 
     uuid: str
     model: str
@@ -31,6 +42,34 @@ class GPU:
     index: int = 0
     mig_capable: bool = False
     nvlink_group: str | None = None
+    capacity_milli: int = MILLI
+    share_step_milli: int = 1
+    #: the MIG profile of a MIG instance ("2g.20gb"), else None
+    mig_profile: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.capacity_milli <= MILLI:
+            raise ValueError(
+                f"GPU {self.uuid!r}: capacity_milli must be 1..{MILLI}, got {self.capacity_milli}"
+            )
+        if not 0 <= self.share_step_milli <= self.capacity_milli:
+            raise ValueError(
+                f"GPU {self.uuid!r}: share_step_milli must be 0..capacity_milli "
+                f"({self.capacity_milli}), got {self.share_step_milli}"
+            )
+
+    def take_milli(self, milli: int) -> int:
+        """What a fractional share of ``milli`` takes on this device; 0 when none can."""
+        return share_taken(milli, self.share_step_milli, self.capacity_milli)
+
+
+def share_taken(milli: int, step: int, capacity: int) -> int:
+    """``milli`` rounded up to a multiple of ``step``; 0 when the device takes no fraction or
+    the rounded share exceeds its capacity."""
+    if step <= 1:
+        return milli if 0 < milli <= capacity and step == 1 else 0
+    taken = -(-milli // step) * step
+    return taken if taken <= capacity else 0
 
 
 @dataclass(frozen=True)
@@ -73,7 +112,7 @@ class Inventory:
                 if gpu.uuid in uuids:
                     raise ValueError(f"Inventory: GPU uuid {gpu.uuid!r} appears twice")
                 uuids.add(gpu.uuid)
-        self.total_gpu_milli: int = MILLI * sum(len(n.gpus) for n in self.nodes)
+        self.total_gpu_milli: int = sum(g.capacity_milli for n in self.nodes for g in n.gpus)
         self.models: frozenset[str] = frozenset(g.model for n in self.nodes for g in n.gpus)
         self._index = {n.name: i for i, n in enumerate(self.nodes)}
 

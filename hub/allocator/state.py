@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .model import MILLI, Inventory, Request
+from .model import MILLI, Inventory, Request, share_taken
 
 #: ``(class_id, cpu_free, mem_free, free milli per GPU in canonical order)``
 Sig = tuple[int, int, int, tuple[int, ...]]
@@ -28,6 +28,16 @@ class NodeClass:
     models: tuple[str, ...]
     nvlink: tuple[str | None, ...]
     interchangeable: bool
+    #: per GPU: share step (see ``GPU.share_step_milli``) and capacity; None when every GPU is
+    #: a plain 1000-milli GPU that takes any fraction (the common case, kept off the hot path)
+    steps: tuple[int, ...] | None = None
+    caps: tuple[int, ...] | None = None
+
+    def take(self, p: int, milli: int) -> int:
+        """What a fraction of ``milli`` takes on GPU position p; 0: it cannot go there."""
+        if self.steps is None or self.caps is None:
+            return milli
+        return share_taken(milli, self.steps[p], self.caps[p])
 
     @property
     def num_gpus(self) -> int:
@@ -42,7 +52,7 @@ class ClusterState:
         nodes = inventory.nodes
         self.cpu_free: list[int] = [n.cpu_milli for n in nodes]
         self.mem_free: list[int] = [n.memory_mib for n in nodes]
-        self.gpu_free: list[list[int]] = [[MILLI] * len(n.gpus) for n in nodes]
+        self.gpu_free: list[list[int]] = [[g.capacity_milli for g in n.gpus] for n in nodes]
         self.used_gpu_milli = 0
         #: bumped whenever resources are given back (a shape that failed since cannot fit yet)
         self.free_epoch = 0
@@ -57,8 +67,24 @@ class ClusterState:
         for i, node in enumerate(nodes):
             models = tuple(g.model for g in node.gpus)
             links = tuple(g.nvlink_group for g in node.gpus)
-            inter = len(set(models)) <= 1 and len(set(links)) <= 1
-            cls = NodeClass(node.cpu_milli, node.memory_mib, models, links, inter)
+            steps = tuple(g.share_step_milli for g in node.gpus)
+            caps = tuple(g.capacity_milli for g in node.gpus)
+            plain = all(s == 1 for s in steps) and all(c == MILLI for c in caps)
+            inter = (
+                len(set(models)) <= 1
+                and len(set(links)) <= 1
+                and len(set(steps)) <= 1
+                and len(set(caps)) <= 1
+            )
+            cls = NodeClass(
+                node.cpu_milli,
+                node.memory_mib,
+                models,
+                links,
+                inter,
+                None if plain else steps,
+                None if plain else caps,
+            )
             if cls not in class_ids:
                 class_ids[cls] = len(self.classes)
                 self.classes.append(cls)
@@ -235,8 +261,10 @@ class ClusterState:
         if milli:
             out: list[tuple[int, ...]] = []
             seen: set[int] = set()
+            stepped = cls.steps is not None
             for p, f in enumerate(gpus):
-                if f >= milli and allowed[p]:
+                take = cls.take(p, milli) if stepped else milli
+                if take and f >= take and allowed[p]:
                     if cls.interchangeable:
                         if f in seen:
                             continue
@@ -264,13 +292,19 @@ class ClusterState:
     def after(self, sig: Sig, shape: Shape, option: tuple[int, ...]) -> Sig:
         """The signature a node in state ``sig`` has after taking ``shape`` with ``option``."""
         cid, cpu_free, mem_free, gpus = sig
-        take = MILLI if shape[2] else shape[3]
+        cls = self.classes[cid]
         g = list(gpus)
         for p in option:
-            g[p] -= take
-        if self.classes[cid].interchangeable:
+            g[p] -= MILLI if shape[2] else cls.take(p, shape[3])
+        if cls.interchangeable:
             g.sort()
         return (cid, cpu_free - shape[0], mem_free - shape[1], tuple(g))
+
+    def taken(self, sig: Sig, shape: Shape, option: tuple[int, ...]) -> int:
+        """Milli each GPU of ``option`` gives up for ``shape`` (a share rounded to its step)."""
+        if shape[2]:
+            return MILLI
+        return self.classes[sig[0]].take(option[0], shape[3]) if option else 0
 
     def fitting_positions(self, sig: Sig, shape: Shape) -> list[int]:
         """Every GPU position (duplicates included) a fractional ``shape`` fits on."""
@@ -279,14 +313,18 @@ class ClusterState:
         return [
             p
             for p, f in enumerate(sig[3])
-            if f >= shape[3] and (not models or cls.models[p] in models)
+            if (take := cls.take(p, shape[3]))
+            and f >= take
+            and (not models or cls.models[p] in models)
         ]
 
     def shares_for(self, i: int, shape: Shape, option: tuple[int, ...]) -> list[tuple[int, int]]:
         """Translate canonical positions into ``(gpu index, milli)`` shares on node i."""
-        take = MILLI if shape[2] else shape[3]
         order = self.order[i]
-        return [(order[p], take) for p in option]
+        if shape[2]:
+            return [(order[p], MILLI) for p in option]
+        cls = self.classes[self.class_of[i]]
+        return [(order[p], cls.take(order[p], shape[3])) for p in option]
 
     def fits_request(self, request: Request) -> bool:
         """Whether any node could take ``request`` right now."""

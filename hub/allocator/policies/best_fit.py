@@ -18,7 +18,7 @@ class BestFit(ScoredPolicy):
     name = "best-fit"
 
     def score(self, state: ClusterState, sig: Sig, shape: Shape, option: tuple[int, ...]) -> float:
-        take = MILLI if shape[2] else shape[3]
+        take = state.taken(sig, shape, option)
         cpu_left = sig[1] - shape[0]
         gpu_left = sum(sig[3]) - take * len(option)
         cost = 0.5 * cpu_left / state.max_cpu_milli + 0.5 * gpu_left / state.max_gpu_milli

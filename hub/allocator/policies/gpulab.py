@@ -128,7 +128,7 @@ class GpulabPolicy(FGD):
 
     def score(self, state: ClusterState, sig: Sig, shape: Shape, option: tuple[int, ...]) -> float:
         d = self.delta(state, sig, shape, option)
-        take = MILLI if shape[2] else shape[3]
+        take = state.taken(sig, shape, option)
         w = self.strand_weight
         if w:
             after = state.after(sig, shape, option)
