@@ -29,7 +29,7 @@ from bench._spawning import alternate, percentile, print_table
 from gpulab.devcluster import DevCluster, NodeSpec, ensure_binaries
 from tests.harness.hub import Hub, merged
 
-NODE = NodeSpec("bench-a100", gpus=8, time_slicing_replicas=8, cpu=256, memory_gib=2048)
+NODE = NodeSpec("bench-a100", gpus=8, sharing="time-slicing", replicas=8, cpu=256, memory_gib=2048)
 
 COMMON = Config(
     {

@@ -20,6 +20,7 @@ from gpulab.spawner.names import (
     GPU_ENFORCEMENT_ENV,
     GPU_FRACTION_ENV,
     GPU_MEMORY_LIMIT_MIB_ENV,
+    GPU_MODEL_ENV,
     GPU_UUIDS_ENV,
     ISOLATION_ENV,
 )
@@ -104,6 +105,8 @@ def gpu_environment(
         CUDA_DEVICE_ORDER="PCI_BUS_ID",
     )
     env.update({GPU_UUIDS_ENV: uuids, GPU_ENFORCEMENT_ENV: enforcement.mechanism})
+    if gpus[0].model:
+        env[GPU_MODEL_ENV] = gpus[0].model
     if enforcement.mechanism == EXCLUSIVE:
         return env, enforcement
 

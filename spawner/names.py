@@ -34,6 +34,19 @@ SPOT_LABEL = "gpulab.io/capacity-type"
 NVLINK_GROUP_LABEL = "gpulab.io/nvlink-group"
 #: GPU model label of NVIDIA's GPU feature discovery (node affinity for a profile's model).
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+#: GFD's suffix on PRODUCT_LABEL of a node whose GPUs are time-sliced with renameByDefault.
+SHARED_PRODUCT_SUFFIX = "-SHARED"
+#: GFD: the node's physical GPUs, MIG-enabled ones included.
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+#: GFD: memory of one of the node's GPUs, MiB.
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+#: GFD: time-slicing replicas per GPU.
+GPU_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+#: GFD: "single" or "mixed" MIG strategy (gpulab reads mixed: one resource per MIG profile).
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+#: HAMi's device plugin: the node's GPUs as "uuid,split count,memory MiB,cores,type,numa,healthy"
+#: entries joined by ":" (HAMi's registration protocol).
+HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 
 # --- Labels on inventory nodes the hub builds itself (declared or NVML), read by the admin API -----
 INVENTORY_LABEL = "gpulab.io/inventory"
@@ -83,6 +96,8 @@ GPU_ENFORCEMENT_ENV = "GPULAB_GPU_ENFORCEMENT"
 GPU_FRACTION_ENV = "GPULAB_GPU_FRACTION"
 #: The memory cap in MiB of a fractional share.
 GPU_MEMORY_LIMIT_MIB_ENV = "GPULAB_GPU_MEMORY_LIMIT_MIB"
+#: The GPU model the hub placed the server on (the simulated monitor source takes its shape).
+GPU_MODEL_ENV = "GPULAB_GPU_MODEL"
 #: The kube cluster's sharing backend of a fractional share ("" for whole GPUs).
 GPU_SHARING_ENV = "GPULAB_GPU_SHARING"
 #: "1": the spawner installed the sitecustomize hook that caps memory per process.

@@ -1,9 +1,11 @@
 """What the NVIDIA and HAMi device plugins hand a container: its devices, as environment.
 
-Each simulated GPU has an ID (GPU-<node>-<index>), each MIG instance one (MIG-<node>-<profile>-<k>);
-time-slicing replicas map to their GPU. A container that asks for `nvidia.com/gpu`,
-`nvidia.com/mig-*` or `nvidia.com/gpu.shared` gets distinct devices in NVIDIA_VISIBLE_DEVICES,
-as the device plugin sets it; HAMi's `nvidia.com/gpumem`/`gpucores` limits appear as
+Each simulated GPU has an ID (GPU-<node>-<index>), each MIG instance one
+(MIG-<node>-<parent index>-<profile>-<k>); time-slicing replicas and HAMi's virtual GPUs map to
+their GPU. A GPU is offered one way only (see spec.py): a container that asks for
+`nvidia.com/gpu`, `nvidia.com/mig-*` or `nvidia.com/gpu.shared` gets distinct devices in
+NVIDIA_VISIBLE_DEVICES, as the device plugin sets it (HAMi: each virtual GPU of a container on a
+different GPU); HAMi's `nvidia.com/gpumem`/`gpucores` limits appear as
 CUDA_DEVICE_MEMORY_LIMIT_<i> (MiB, "m" suffix) and CUDA_DEVICE_SM_LIMIT. Nothing is enforced.
 """
 
@@ -19,7 +21,7 @@ from gpulab.spawner.names import (
     SHARED_GPU_RESOURCE,
 )
 
-from ..spec import NodeSpec
+from ..spec import HAMI, TIME_SLICING, NodeSpec
 from .kube import log
 
 GPU = GPU_RESOURCE
@@ -29,16 +31,19 @@ MIG_PREFIX = MIG_RESOURCE_PREFIX
 
 class Devices:
     def __init__(self, spec: NodeSpec) -> None:
-        gpus = [f"GPU-{spec.name}-{i}" for i in range(spec.gpus)]
+        plain = [spec.gpu_id(i) for i in range(spec.mig_enabled_gpus, spec.gpus)]
         # resource -> slots; a slot is (slot id, device id the container sees)
-        self.pools: dict[str, list[tuple[str, str]]] = {GPU: [(g, g) for g in gpus]}
-        for profile, count in sorted(spec.mig.items()):
-            ids = [f"MIG-{spec.name}-{profile}-{k}" for k in range(count)]
-            self.pools[MIG_PREFIX + profile] = [(m, m) for m in ids]
-        if spec.time_slicing_replicas:
-            self.pools[SHARED] = [
-                (f"{g}::{r}", g) for r in range(spec.time_slicing_replicas) for g in gpus
-            ]
+        self.pools: dict[str, list[tuple[str, str]]] = {}
+        if spec.sharing == TIME_SLICING:
+            self.pools[SHARED] = [(f"{g}::{r}", g) for r in range(spec.split) for g in plain]
+        elif spec.sharing == HAMI:
+            self.pools[GPU] = [(f"{g}::{k}", g) for k in range(spec.split) for g in plain]
+        else:
+            self.pools[GPU] = [(g, g) for g in plain]
+        for mig_id, profile, _parent in spec.mig_instances():
+            self.pools.setdefault(MIG_PREFIX + profile, []).append((mig_id, mig_id))
+        #: HAMi: a container's virtual GPUs sit on different GPUs
+        self.distinct = {GPU} if spec.sharing == HAMI else set()
         self.used: dict[str, set[str]] = {}  # owner -> slot ids
 
     def _taken(self) -> set[str]:
@@ -55,6 +60,14 @@ class Devices:
             want = int(str(limits.get(resource, 0)) or 0)
             have = [(s, d) for s, d in pool if s in mine]
             free = [(s, d) for s, d in pool if s not in taken and s not in mine]
+            if resource in self.distinct:  # at most one of the container's slots per GPU
+                on = {d for _, d in have}
+                one_each = []
+                for slot, device in free:
+                    if device not in on:
+                        on.add(device)
+                        one_each.append((slot, device))
+                free = one_each
             if len(have) + len(free) < want:
                 log.warning(
                     "%s: %s asks %d %s, %d free",

@@ -14,7 +14,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab.spawner.environment import CPU_ONLY, EXCLUSIVE
 from gpulab.spawner.names import (
+    GPU_ENFORCEMENT_ENV,
+    GPU_FRACTION_ENV,
+    GPU_MEMORY_LIMIT_MIB_ENV,
+    GPU_MODEL_ENV,
     GPU_RESOURCE,
     HAMI_CORES_RESOURCE,
     HAMI_MEMORY_RESOURCE,
@@ -22,6 +27,7 @@ from gpulab.spawner.names import (
     MIG_RESOURCE_PREFIX,
     PRODUCT_LABEL,
     SHARED_GPU_RESOURCE,
+    SHARED_PRODUCT_SUFFIX,
     SPOT_TAINT_KEY,
 )
 
@@ -56,6 +62,8 @@ def product_label(model: str) -> str:
 
 
 def model_from_product(label: str) -> str:
+    """GFD's product label -> gpulab's model name (GFD adds -SHARED on time-sliced nodes)."""
+    label = label.removesuffix(SHARED_PRODUCT_SUFFIX)
     return label[len("NVIDIA-") :] if label.startswith("NVIDIA-") else label
 
 
@@ -96,12 +104,16 @@ def gpu_spec(
     priority: str,
     node_name: str | None = None,
     priority_classes: Mapping[str, str] | None = None,
+    mig_profile: str | None = None,
+    share_milli: int = 0,
 ) -> KubeGPUSpec:
     """Resource limits and constraints for one server.
 
     `gpu_memory_mib` is the memory of the GPU model the share is carved from (for MIG and HAMi);
     `node_name`, when the allocator chose a node, pins the pod there so the cluster and gpulab's
-    accounting agree on where the share lives.
+    accounting agree on where the share lives. `mig_profile` is the MIG instance the allocator
+    placed the share on (else the smallest profile that holds it); `share_milli` what the share
+    took there (HAMi rounds shares up to its split step), which HAMi's limits then grant.
     """
     if sharing not in SHARING_BACKENDS:
         raise KubeProfileError(
@@ -117,11 +129,13 @@ def gpu_spec(
         isolation = ISOLATION["whole"]
     elif gpu_milli:
         if sharing == MIG:
-            limits[f"{MIG_RESOURCE_PREFIX}{mig_profile_for(gpu_memory_mib, gpu_milli)}"] = "1"
+            profile = mig_profile or mig_profile_for(gpu_memory_mib, gpu_milli)
+            limits[f"{MIG_RESOURCE_PREFIX}{profile}"] = "1"
         elif sharing == HAMI:
+            milli = max(gpu_milli, share_milli)
             limits[GPU_RESOURCE] = "1"
-            limits[HAMI_MEMORY_RESOURCE] = str(gpu_memory_mib * gpu_milli // 1000)
-            limits[HAMI_CORES_RESOURCE] = str(max(1, math.ceil(gpu_milli / 10)))
+            limits[HAMI_MEMORY_RESOURCE] = str(gpu_memory_mib * milli // 1000)
+            limits[HAMI_CORES_RESOURCE] = str(max(1, math.ceil(milli / 10)))
         else:
             limits[SHARED_GPU_RESOURCE] = "1"
         isolation = ISOLATION[sharing]
@@ -131,9 +145,11 @@ def gpu_spec(
     terms: list[dict[str, Any]] = []
     models = sorted(gpu_models)
     if models and (num_gpu or gpu_milli):
-        terms.append(
-            {"key": PRODUCT_LABEL, "operator": "In", "values": [product_label(m) for m in models]}
-        )
+        products = [product_label(m) for m in models]
+        if gpu_milli and not num_gpu and sharing == TIME_SLICING:
+            # GFD labels a node whose GPUs are time-sliced (renameByDefault) <product>-SHARED
+            products = sorted({*products, *(p + SHARED_PRODUCT_SUFFIX for p in products)})
+        terms.append({"key": PRODUCT_LABEL, "operator": "In", "values": products})
     if node_name:
         terms.append({"key": HOSTNAME_LABEL, "operator": "In", "values": [node_name]})
     affinity = [{"matchExpressions": terms}] if terms else []
@@ -148,3 +164,35 @@ def gpu_spec(
         priority_class_name=priority_classes.get(priority, ""),
         isolation=isolation,
     )
+
+
+def share_environment(
+    *, sharing: str, model: str, taken_milli: int, device_memory_mib: int, fractional: bool
+) -> dict[str, str]:
+    """What a pod is told of its share, in the names the monitor and caps hook read.
+
+    The device identities are the device plugin's to set (NVIDIA_VISIBLE_DEVICES, in the
+    container); the hub states the rest: the model, the fraction the share holds (a MIG
+    instance's or replica's part, a HAMi share rounded to its step) and its memory limit (the
+    MIG instance's memory; HAMi's gpumem; for a time-slicing replica, its part of the GPU's
+    memory, which nothing enforces). A CPU-only pod sees no GPU even where a runtime would
+    expose all of them by default."""
+    if not taken_milli:
+        return {
+            GPU_ENFORCEMENT_ENV: CPU_ONLY,
+            "NVIDIA_VISIBLE_DEVICES": "void",
+            "CUDA_VISIBLE_DEVICES": "",
+        }
+    env = {GPU_MODEL_ENV: model}
+    if not fractional:
+        env[GPU_ENFORCEMENT_ENV] = EXCLUSIVE
+        return env
+    limit = device_memory_mib if sharing == MIG else device_memory_mib * taken_milli // 1000
+    env.update(
+        {
+            GPU_ENFORCEMENT_ENV: sharing,
+            GPU_FRACTION_ENV: f"{taken_milli / 1000:.3f}",
+            GPU_MEMORY_LIMIT_MIB_ENV: str(limit),
+        }
+    )
+    return env

@@ -31,7 +31,12 @@ from gpulab.hub.inventory import KNOWN_MODELS
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
 from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
-from gpulab.spawner.kube.gpu_resources import ISOLATION, SHARING_BACKENDS, gpu_spec
+from gpulab.spawner.kube.gpu_resources import (
+    ISOLATION,
+    SHARING_BACKENDS,
+    gpu_spec,
+    share_environment,
+)
 from gpulab.spawner.kube.isolation import KubeIsolationMixin
 from gpulab.spawner.kube.objects import (
     pod_event_manifest,
@@ -67,7 +72,10 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
         help="""How a fraction of a GPU is enforced on Kubernetes: 'mig' (a MIG slice, hardware
         isolation; needs MIG-partitioned GPUs), 'hami' (HAMi's memory/compute limits) or
         'time-slicing' (NVIDIA device plugin replicas, no isolation). Each states its isolation
-        level in the profile picker.""",
+        level in the profile picker. Fractions are placed only on the devices nodes advertise
+        for this backend (MIG instances per profile, time-slicing replicas, GPUs registered by
+        HAMi, in steps of 1/split), so a full backend refuses the next spawn with a 409 instead
+        of leaving a pod Pending; a share takes its whole instance or replica.""",
     )
 
     @validate("gpu_sharing")
@@ -169,7 +177,7 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
     # -- cluster state -------------------------------------------------------------------------
 
     async def gpu_state(self) -> KubeGPUState:
-        state = await ensure_kube_state(self.gpu_capacity)
+        state = await ensure_kube_state(self.gpu_capacity, sharing=self.gpu_sharing)
         cls = type(self)
         if not cls._priority_classes_ready:
             await self._ensure_priority_classes()
@@ -264,6 +272,11 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
             self.log.warning("could not record event on %s: %s", meta["name"], e)
 
     def _apply_placement(self, profile: Profile, placement: Placement) -> None:
+        device = (
+            self.gpu_capacity.gpu_by_uuid(placement.gpus[0].uuid)
+            if placement.gpus and profile.gpu_milli
+            else None
+        )
         spec = gpu_spec(
             num_gpu=profile.num_gpu,
             gpu_milli=profile.gpu_milli,
@@ -273,6 +286,9 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
             priority=profile.priority,
             node_name=placement.node,
             priority_classes={p: v[0] for p, v in self.priority_classes.items()},
+            # the pod asks for the device the allocator counted the share on
+            mig_profile=device.mig_profile if device is not None else None,
+            share_milli=placement.gpus[0].milli if device is not None else 0,
         )
         self.extra_resource_limits = {**self.extra_resource_limits, **spec.limits}
         self.extra_resource_guarantees = {**self.extra_resource_guarantees, **spec.limits}
@@ -301,11 +317,21 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
                 *self._sorted_dict_values(self.pod_affinity_preferred),
                 *related_pod_affinity(safe_label_value(group)),
             ]
+        placed = device or (
+            self.gpu_capacity.gpu_by_uuid(placement.gpus[0].uuid) if placement.gpus else None
+        )
         self.environment = {
             **self.environment,
             PROFILE_ENV: profile.slug,
             ISOLATION_ENV: spec.isolation,
             GPU_SHARING_ENV: self.gpu_sharing if profile.gpu_milli else "",
+            **share_environment(
+                sharing=self.gpu_sharing,
+                model=placed.model if placed is not None else "",
+                taken_milli=sum(s.milli for s in placement.gpus),
+                device_memory_mib=self._gpu_memory_mib(placement),
+                fractional=bool(profile.gpu_milli),
+            ),
         }
         self.gpulab_enforcement = self.describe_enforcement(
             [AssignedGPU(s.uuid, "", 0, s.milli) for s in placement.gpus]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpulab.hub.allocator import (
+    GPU,
     Allocator,
     GpuShare,
     Inventory,
@@ -24,9 +25,17 @@ from gpulab.hub.allocator import (
     Request,
 )
 from gpulab.hub.allocator.store import request_from_dict, request_to_dict
+from gpulab.spawner.kube.gpu_resources import MIG
 from gpulab.spawner.kube.nodes import inventory_from_nodes, node_is_ready, node_is_tainted
 from gpulab.spawner.kube.reflector import WatchCache, object_key
-from gpulab.spawner.names import GPU_RESOURCE, PLACEMENT_ANNOTATION
+from gpulab.spawner.names import (
+    GPU_RESOURCE,
+    HAMI_MEMORY_RESOURCE,
+    HAMI_REGISTER_ANNOTATION,
+    MIG_RESOURCE_PREFIX,
+    PLACEMENT_ANNOTATION,
+    SHARED_GPU_RESOURCE,
+)
 
 
 def placement_annotation(placement: Placement) -> str:
@@ -59,12 +68,27 @@ def _pod_is_live(pod: dict[str, Any]) -> bool:
     return phase not in ("Succeeded", "Failed")
 
 
-def _external_whole_gpus(pod: dict[str, Any]) -> int:
-    total = 0
+def _pod_gpu_limits(pod: dict[str, Any]) -> dict[str, int]:
+    """GPU devices a pod's containers hold: nvidia.com/gpu, MIG instances, replicas; with
+    HAMi's memory limit under the key HAMI_MEMORY_RESOURCE (MiB)."""
+    total: dict[str, int] = {}
     for container in (pod.get("spec") or {}).get("containers") or []:
         limits = (container.get("resources") or {}).get("limits") or {}
-        total += int(limits.get(GPU_RESOURCE, 0) or 0)
-    return total
+        for key, value in limits.items():
+            if key in (GPU_RESOURCE, SHARED_GPU_RESOURCE, HAMI_MEMORY_RESOURCE) or key.startswith(
+                MIG_RESOURCE_PREFIX
+            ):
+                try:
+                    total[key] = total.get(key, 0) + int(str(value))
+                except ValueError:
+                    continue
+    return {k: v for k, v in total.items() if v}
+
+
+def _holds_gpus(pod: dict[str, Any]) -> bool:
+    limits = _pod_gpu_limits(pod)
+    limits.pop(HAMI_MEMORY_RESOURCE, None)
+    return bool(limits)
 
 
 class KubeGPUState:
@@ -80,8 +104,11 @@ class KubeGPUState:
         quota: Any,
         on_rebuild: Callable[[Allocator, Inventory], None],
         log: logging.Logger | None = None,
+        sharing: str = MIG,
     ) -> None:
         self.log = log or logging.getLogger("gpulab.kube")
+        #: the sharing backend fractions are placed on (GPUKubeSpawner.gpu_sharing)
+        self.sharing = sharing
         self.policy, self.headroom_fraction, self.quota = policy, headroom_fraction, quota
         self.on_rebuild = on_rebuild
         self._node_signature: tuple[Any, ...] = ()
@@ -117,6 +144,8 @@ class KubeGPUState:
                     key,
                     node_is_ready(node),
                     json.dumps(status.get("allocatable"), sort_keys=True),
+                    # HAMi's device list (its nvidia.com/gpu counts virtual GPUs)
+                    (node["metadata"].get("annotations") or {}).get(HAMI_REGISTER_ANNOTATION),
                     bool((node.get("spec") or {}).get("unschedulable")),
                     node_is_tainted(node),
                 )
@@ -142,7 +171,7 @@ class KubeGPUState:
     def _rebuild(self) -> None:
         """A fresh allocator over the Ready nodes holding every live pod's share."""
         self._node_signature = self._signature()
-        inventory = inventory_from_nodes(self.nodes.objects.values())
+        inventory = inventory_from_nodes(self.nodes.objects.values(), self.sharing)
         placements: dict[str, Placement] = {}
         external: list[dict[str, Any]] = []
         for pod in self.pods.objects.values():
@@ -151,7 +180,7 @@ class KubeGPUState:
             placement = placement_from_pod(pod)
             if placement is not None:
                 placements[placement.request.id] = placement
-            elif _external_whole_gpus(pod) and (pod.get("spec") or {}).get("nodeName"):
+            elif _holds_gpus(pod) and (pod.get("spec") or {}).get("nodeName"):
                 external.append(pod)
         # allocations made for pods that are not created yet stay reserved
         for placement in self.allocator.allocations():
@@ -163,8 +192,7 @@ class KubeGPUState:
             for share in placement.gpus:
                 used[share.uuid] = used.get(share.uuid, 0) + share.milli
         for pod in external:
-            placement = self._external_placement(pod, inventory, used)
-            if placement is not None:
+            for placement in self._external_placements(pod, inventory, used):
                 placements[placement.request.id] = placement
         store = MemoryStore()
         store.commit(list(placements.values()), [])
@@ -185,34 +213,70 @@ class KubeGPUState:
     # -- pods ----------------------------------------------------------------------------------
 
     @staticmethod
-    def _external_placement(
+    def _external_placements(
         pod: dict[str, Any], inventory: Inventory, used: dict[str, int]
-    ) -> Placement | None:
-        """A GPU pod gpulab did not make holds whole GPUs on its node: count the least used."""
+    ) -> list[Placement]:
+        """A GPU pod gpulab did not make holds devices on its node: count the least used ones
+        of each kind it asked for (whole GPUs, MIG instances of its profile, replicas, a HAMi
+        share of its memory limit), so nobody is offered what it holds."""
         node_name = pod["spec"]["nodeName"]
         node = next((n for n in inventory.nodes if n.name == node_name), None)
         if node is None:
-            return None
-        count = _external_whole_gpus(pod)
-        free = sorted((g for g in node.gpus if used.get(g.uuid, 0) == 0), key=lambda g: g.index)
-        if len(free) < count:
-            return None
-        shares = tuple(GpuShare(g.uuid, 1000) for g in free[:count])
-        for share in shares:
-            used[share.uuid] = 1000
-        return Placement(
-            request=Request(id=f"external/{object_key(pod)}", num_gpu=count),
-            node=node_name,
-            gpus=shares,
-            created_at=time.time(),
-        )
+            return []
+        limits = _pod_gpu_limits(pod)
+        hami_mib = limits.pop(HAMI_MEMORY_RESOURCE, 0)
+        key = object_key(pod)
+        out: list[Placement] = []
+
+        def hold(devices: list[GPU], count: int, milli_of: Callable[[GPU], int]) -> None:
+            free = sorted(
+                (g for g in devices if used.get(g.uuid, 0) + milli_of(g) <= g.capacity_milli),
+                key=lambda g: (used.get(g.uuid, 0), g.index),
+            )
+            for g in free[:count]:
+                milli = milli_of(g)
+                used[g.uuid] = used.get(g.uuid, 0) + milli
+                whole = milli == 1000 and g.capacity_milli == 1000
+                out.append(
+                    Placement(
+                        request=Request(
+                            id=f"external/{key}/{len(out)}",
+                            num_gpu=1 if whole else 0,
+                            gpu_milli=0 if whole else milli,
+                        ),
+                        node=node_name,
+                        gpus=(GpuShare(g.uuid, milli),),
+                        created_at=time.time(),
+                    )
+                )
+
+        whole_gpus = [g for g in node.gpus if g.capacity_milli == 1000]
+        for resource, count in limits.items():
+            if resource == GPU_RESOURCE and hami_mib:
+                hold(
+                    whole_gpus,
+                    count,
+                    lambda g: (
+                        g.take_milli(max(1, -(-hami_mib * 1000 // max(1, g.memory_mib)))) or 1000
+                    ),
+                )
+            elif resource == GPU_RESOURCE:
+                hold([g for g in whole_gpus if used.get(g.uuid, 0) == 0], count, lambda g: 1000)
+            elif resource.startswith(MIG_RESOURCE_PREFIX):
+                profile = resource[len(MIG_RESOURCE_PREFIX) :]
+                parts = [g for g in node.gpus if g.mig_profile == profile]
+                hold(parts, count, lambda g: g.capacity_milli)
+            elif resource == SHARED_GPU_RESOURCE:
+                replicas = [g for g in node.gpus if "/replica-" in g.uuid]
+                hold(replicas, count, lambda g: g.capacity_milli)
+        return out
 
     def _pod_changed(self, kind: str, pod: dict[str, Any]) -> None:
         if not self.pods.synced.is_set():
             return
         placement = placement_from_pod(pod)
         if placement is None:
-            if _external_whole_gpus(pod) and (pod.get("spec") or {}).get("nodeName"):
+            if _holds_gpus(pod) and (pod.get("spec") or {}).get("nodeName"):
                 self._rebuild()  # another workload's GPUs appeared or went away
             return
         if kind == "DELETED" or not _pod_is_live(pod):
@@ -226,7 +290,9 @@ _state: KubeGPUState | None = None
 _state_lock: asyncio.Lock | None = None
 
 
-async def ensure_kube_state(capacity: Any, *, timeout: float = 60.0) -> KubeGPUState:
+async def ensure_kube_state(
+    capacity: Any, *, sharing: str | None = None, timeout: float = 60.0
+) -> KubeGPUState:
     """The hub's one cluster view, started and synced on first use, attached to `capacity`.
 
     Client configuration comes from the pod's service account inside a cluster, else from the
@@ -244,12 +310,14 @@ async def ensure_kube_state(capacity: Any, *, timeout: float = 60.0) -> KubeGPUS
             api = shared_client("CoreV1Api")
 
             def attach(allocator: Allocator, inventory: Inventory) -> None:
-                gpus = sum(len(n.gpus) for n in inventory.nodes)
+                gpus = sum(1 for n in inventory.nodes for g in n.gpus if g.capacity_milli == 1000)
+                parts = sum(len(n.gpus) for n in inventory.nodes) - gpus
                 models = ", ".join(sorted(inventory.models)) or "no GPUs"
+                shared = f", {parts} MIG instances or replicas" if parts else ""
                 capacity.attach(
                     allocator,
                     inventory,
-                    f"Kubernetes: {len(inventory.nodes)} nodes, {gpus} GPUs ({models})",
+                    f"Kubernetes: {len(inventory.nodes)} nodes, {gpus} GPUs{shared} ({models})",
                 )
 
             state = KubeGPUState(
@@ -260,8 +328,17 @@ async def ensure_kube_state(capacity: Any, *, timeout: float = 60.0) -> KubeGPUS
                 quota=capacity.quota,
                 on_rebuild=attach,
                 log=capacity.log,
+                sharing=sharing or configured_sharing(capacity.config),
             )
             state.start()
             await asyncio.wait_for(state.wait_synced(), timeout)
             _state = state
     return _state
+
+
+def configured_sharing(config: Any) -> str:
+    """GPUKubeSpawner.gpu_sharing as the hub's config sets it (GPUCapacity builds the cluster
+    view before any spawner exists); the trait's own validation runs when a spawner starts."""
+    section = config.get("GPUKubeSpawner") if config is not None else None
+    value = section.get("gpu_sharing") if section is not None else None
+    return str(value) if value else MIG

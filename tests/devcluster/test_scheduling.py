@@ -39,12 +39,14 @@ async def test_nodes_advertise_gpu_resources_labels_taints_and_leases(dev_cluste
         nodes = {n.metadata.name: n for n in (await core.list_node()).items}
         a, b, spot = nodes["gpu-a"], nodes["gpu-b"], nodes["gpu-spot"]
         assert a.status.allocatable["nvidia.com/gpu"] == "8"
-        assert a.status.capacity["nvidia.com/gpumem"] == str(8 * 81920)
-        assert a.status.capacity["nvidia.com/gpucores"] == "800"
+        assert "nvidia.com/gpumem" not in a.status.capacity  # not a HAMi node
         assert a.status.capacity["pods"] == "110"
-        assert b.status.capacity["nvidia.com/mig-1g.10gb"] == "7"
-        assert b.status.capacity["nvidia.com/mig-3g.40gb"] == "2"
-        assert b.status.capacity["nvidia.com/gpu.shared"] == "8"
+        # one MIG-enabled GPU (instances only), one time-sliced GPU (replicas only)
+        assert b.status.capacity["nvidia.com/mig-1g.10gb"] == "2"
+        assert b.status.capacity["nvidia.com/mig-3g.40gb"] == "1"
+        assert b.status.capacity["nvidia.com/gpu.shared"] == "4"
+        assert "nvidia.com/gpu" not in b.status.capacity
+        assert b.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
         assert a.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
         assert a.metadata.labels["nvidia.com/gpu.count"] == "8"
         assert b.metadata.labels["topology.kubernetes.io/zone"] == "zone-b"

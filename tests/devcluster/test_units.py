@@ -16,19 +16,43 @@ from gpulab.devcluster.agent.podenv import (
     field_value,
 )
 from gpulab.devcluster.agent.podsecurity import SecurityConfigError, identity
-from gpulab.devcluster.spec import capacity, labels, taints
+from gpulab.devcluster.spec import annotations, capacity, labels, taints
 
 
-def test_node_spec_resources_cover_whole_mig_hami_and_time_sliced_gpus() -> None:
-    spec = NodeSpec("n", gpus=2, mig={"1g.10gb": 7}, time_slicing_replicas=3)
-    cap = capacity(spec)
-    assert cap["nvidia.com/gpu"] == "2"
-    assert cap["nvidia.com/mig-1g.10gb"] == "7"
-    assert cap["nvidia.com/gpu.shared"] == "6"
-    assert cap["nvidia.com/gpumem"] == str(2 * 81920)
-    assert cap["nvidia.com/gpucores"] == "200"
-    assert cap["pods"] == "110"
-    assert labels(spec)["nvidia.com/gpu.count"] == "2"
+def test_a_gpu_is_offered_one_way_as_nvidias_device_plugin_does() -> None:
+    # MIG (mixed strategy): MIG-enabled GPUs only as instances, the others as nvidia.com/gpu
+    mig = NodeSpec("n", gpus=3, mig={"1g.10gb": 7}, mig_gpus=1)
+    cap = capacity(mig)
+    assert cap["nvidia.com/gpu"] == "2" and cap["nvidia.com/mig-1g.10gb"] == "7"
+    assert labels(mig)["nvidia.com/gpu.count"] == "3"
+    assert labels(mig)["nvidia.com/mig.strategy"] == "mixed"
+    assert labels(mig)["nvidia.com/mig-1g.10gb.count"] == "7"
+    # time-slicing with renameByDefault: replicas only, no nvidia.com/gpu, -SHARED product
+    ts = NodeSpec("t", gpus=2, sharing="time-slicing", replicas=3)
+    cap = capacity(ts)
+    assert "nvidia.com/gpu" not in cap and cap["nvidia.com/gpu.shared"] == "6"
+    assert labels(ts)["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-SHARED"
+    assert labels(ts)["nvidia.com/gpu.replicas"] == "3"
+    # HAMi: split virtual GPUs per GPU, memory and cores, the registration annotation
+    hami = NodeSpec("h", gpus=2, sharing="hami")
+    cap = capacity(hami)
+    assert cap["nvidia.com/gpu"] == "20"
+    assert cap["nvidia.com/gpumem"] == str(2 * 81920) and cap["nvidia.com/gpucores"] == "200"
+    register = annotations(hami)["hami.io/node-nvidia-register"].split(":")
+    assert register[1] == "GPU-h-1,10,81920,100,NVIDIA-A100-SXM4-80GB,0,true"
+    # whole GPUs: no sharing resources at all
+    plain = capacity(NodeSpec("p", gpus=2))
+    assert plain["nvidia.com/gpu"] == "2" and plain["pods"] == "110"
+    assert not {"nvidia.com/gpumem", "nvidia.com/gpu.shared"} & plain.keys()
+
+
+def test_a_mig_layout_must_fit_one_gpu() -> None:
+    with pytest.raises(ValueError, match="does not fit one GPU"):
+        NodeSpec("n", mig={"3g.40gb": 3})  # 9 compute slices of 7
+    with pytest.raises(ValueError, match="not a MIG profile"):
+        NodeSpec("n", mig={"big": 1})
+    with pytest.raises(ValueError, match="NodeSpec.sharing"):
+        NodeSpec("n", sharing="mps")
 
 
 def test_spot_node_is_labelled_and_tainted() -> None:
@@ -88,7 +112,7 @@ def test_missing_configmap_key_is_a_config_error_that_names_it() -> None:
 
 
 def test_device_plugin_hands_out_distinct_gpus_and_mig_instances() -> None:
-    devices = Devices(NodeSpec("n", gpus=4, mig={"1g.10gb": 2}))
+    devices = Devices(NodeSpec("n", gpus=5, mig={"1g.10gb": 2}, mig_gpus=1))
 
     def ask(res: str, n: int) -> dict:
         return {"name": "c", "resources": {"limits": {res: str(n)}}}
@@ -98,14 +122,26 @@ def test_device_plugin_hands_out_distinct_gpus_and_mig_instances() -> None:
     assert len(set(a.split(",")) | set(b.split(","))) == 4
     assert devices.allocate("pod-a/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"] == a
     mig = devices.allocate("pod-c/c", ask("nvidia.com/mig-1g.10gb", 1))
-    assert mig["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-n-1g.10gb-")
+    assert mig["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-n-0-1g.10gb-")
+    assert "GPU-n-0" not in a + b  # the MIG-enabled GPU is never handed out whole
     devices.release("pod-a")
     again = devices.allocate("pod-d/c", ask("nvidia.com/gpu", 2))["NVIDIA_VISIBLE_DEVICES"]
     assert set(again.split(",")) == set(a.split(","))
 
 
+def test_hami_virtual_gpus_of_one_container_sit_on_different_gpus() -> None:
+    devices = Devices(NodeSpec("n", gpus=2, sharing="hami", replicas=4))
+    two = devices.allocate("p/c", {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}})
+    assert sorted(two["NVIDIA_VISIBLE_DEVICES"].split(",")) == ["GPU-n-0", "GPU-n-1"]
+    for k in range(6):  # 8 virtual GPUs in all, 2 taken
+        one = devices.allocate(
+            f"q{k}/c", {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        )
+        assert one["NVIDIA_VISIBLE_DEVICES"] in ("GPU-n-0", "GPU-n-1")
+
+
 def test_hami_limits_appear_as_hami_environment() -> None:
-    devices = Devices(NodeSpec("n", gpus=1))
+    devices = Devices(NodeSpec("n", gpus=1, sharing="hami"))
     c = {
         "name": "c",
         "resources": {

@@ -24,7 +24,7 @@ from tests.harness.wait import wait_for
 
 # -- the session cluster (tests/devcluster) ------------------------------------------------------
 
-# gpu-a: the scheduler test's 8 GPUs; gpu-b: MIG, time-slicing and HAMi resources;
+# gpu-a: the scheduler test's 8 GPUs; gpu-b: one MIG-enabled and one time-sliced GPU;
 # gpu-fail: the node the failure test stops; gpu-spot: a tainted spot node
 KUBE_NODES = [
     NodeSpec("gpu-a", gpus=8, zone="zone-a", rack="rack-1"),
@@ -34,8 +34,9 @@ KUBE_NODES = [
         gpu_product="NVIDIA-H100-80GB-HBM3",
         zone="zone-b",
         rack="rack-2",
-        mig={"1g.10gb": 7, "3g.40gb": 2},
-        time_slicing_replicas=4,
+        mig={"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2},
+        mig_gpus=1,
+        sharing="time-slicing",
     ),
     NodeSpec("gpu-fail", gpus=1, zone="zone-c", rack="rack-3"),
     NodeSpec("gpu-spot", gpus=4, zone="zone-b", rack="rack-4", spot=True),
@@ -182,14 +183,29 @@ def dumps(obj: Any) -> str:
 
 # -- a hub with GPUKubeSpawner (tests/spawner/kube, bench.isolation) ------------------------------
 
+# gk-a100: whole GPUs; one node per way of cutting a GPU, as a GPU operator configures nodes
 SPAWNER_NODES = [
+    NodeSpec("gk-a100", gpus=8, zone="zone-a", rack="rack-1"),
     NodeSpec(
-        "gk-a100",
-        gpus=8,
+        "gk-a100-mig",
+        gpus=1,
         zone="zone-a",
         rack="rack-1",
-        mig={"1g.10gb": 7, "2g.20gb": 3, "4g.40gb": 1},
-        time_slicing_replicas=2,
+        mig={"2g.20gb": 3, "1g.10gb": 1},
+    ),
+    NodeSpec(
+        "gk-a100-ts", gpus=1, zone="zone-a", rack="rack-1", sharing="time-slicing", replicas=4
+    ),
+    # another model, so that its GPU (HAMi also hands it out whole) is not a ninth A100
+    NodeSpec(
+        "gk-l40s-hami",
+        gpus=1,
+        gpu_product="NVIDIA-L40S",
+        gpu_memory_mib=46068,
+        zone="zone-a",
+        rack="rack-1",
+        sharing="hami",
+        replicas=4,
     ),
     NodeSpec(
         "gk-t4", gpus=1, gpu_product="NVIDIA-T4", gpu_memory_mib=15360, zone="zone-b", rack="rack-2"
@@ -199,6 +215,8 @@ SPAWNER_NODES = [
 SPAWNER_PROFILES = [
     {"slug": "cpu", "gpus": 0, "default": True},
     {"slug": "a100-quarter", "gpus": "1/4", "gpu_model": "A100-SXM4-80GB"},
+    {"slug": "a100-eighth", "gpus": "1/8", "gpu_model": "A100-SXM4-80GB"},
+    {"slug": "l40s-eighth", "gpus": "1/8", "gpu_model": "L40S"},
     {"slug": "a100-1", "gpus": 1, "gpu_model": "A100-SXM4-80GB"},
     {"slug": "a100-4", "gpus": 4, "gpu_model": "A100-SXM4-80GB"},
     {"slug": "a100-spot-8", "gpus": 8, "gpu_model": "A100-SXM4-80GB", "priority": "preemptible"},

@@ -59,7 +59,12 @@ def _float_or_none(env: Mapping[str, str], name: str) -> float | None:
 def share_from_env(env: Mapping[str, str] | None = None) -> Share:
     """Read GPULAB_GPU_UUIDS, GPULAB_GPU_MEMORY_LIMIT_MIB, GPULAB_GPU_FRACTION and friends."""
     env = os.environ if env is None else env
-    uuids = tuple(u.strip() for u in env.get(GPU_UUIDS_ENV, "").split(",") if u.strip())
+    # the local spawner names the devices; on Kubernetes the device plugin does, in the
+    # container's NVIDIA_VISIBLE_DEVICES ("void"/"none": no GPU; "all" names none in particular)
+    listed = env.get(GPU_UUIDS_ENV, "") or env.get("NVIDIA_VISIBLE_DEVICES", "")
+    if listed.strip().lower() in ("void", "none", "all"):
+        listed = ""
+    uuids = tuple(u.strip() for u in listed.split(",") if u.strip())
     fraction = _float_or_none(env, GPU_FRACTION_ENV)
     if fraction is not None and fraction >= 1:
         fraction = None  # a "share" of the whole device is the whole device

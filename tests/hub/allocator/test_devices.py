@@ -4,6 +4,8 @@ hand out (the Kubernetes over-admission of issue 14)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -73,12 +75,10 @@ def whole_only_node(name: str = "whole", gpus: int = 2) -> Node:
 def fill(alloc: Allocator, milli: int, tries: int, owner: str = "u") -> list[str]:
     placed = []
     for i in range(tries):
-        try:
+        with contextlib.suppress(NoCapacity):
             placed.append(
                 alloc.place(Request(f"{owner}/{i}", owner=owner, gpu_milli=milli)).gpus[0].uuid
             )
-        except NoCapacity:
-            pass
     return placed
 
 

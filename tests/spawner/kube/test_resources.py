@@ -84,6 +84,10 @@ def test_each_sharing_backend_states_its_isolation():
         "nvidia.com/gpucores": "25",
     }
     assert shared.limits == {"nvidia.com/gpu.shared": "1"}
+    # GFD renames a time-sliced node's product; the pod must still match it
+    on_a100 = _spec(gpu_milli=250, sharing="time-slicing", gpu_models={"A100-SXM4-80GB"})
+    (term,) = on_a100.node_affinity_required[0]["matchExpressions"]
+    assert term["values"] == ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB-SHARED"]
     assert "hardware-isolated" in mig.isolation
     assert "HAMi" in hami.isolation
     assert "no memory or fault isolation" in shared.isolation
@@ -107,7 +111,11 @@ def _node(name, gpus, *, ready=True, product="NVIDIA-A100-SXM4-80GB", unschedula
     return {
         "metadata": {
             "name": name,
-            "labels": {"nvidia.com/gpu.product": product, "gpulab.io/rack": "r1"},
+            "labels": {
+                "nvidia.com/gpu.product": product,
+                "nvidia.com/gpu.memory": str(A100),
+                "gpulab.io/rack": "r1",
+            },
         },
         "spec": {"unschedulable": unschedulable},
         "status": {
@@ -115,7 +123,6 @@ def _node(name, gpus, *, ready=True, product="NVIDIA-A100-SXM4-80GB", unschedula
                 "cpu": "64",
                 "memory": "512Gi",
                 "nvidia.com/gpu": str(gpus),
-                "nvidia.com/gpumem": str(gpus * A100),
                 "pods": "110",
             },
             "conditions": [{"type": "Ready", "status": "True" if ready else "Unknown"}],

@@ -69,7 +69,12 @@ def test_whole_gpu_server_runs_where_the_real_scheduler_put_it_and_capacity_matc
     placement = json.loads(pod["metadata"]["annotations"]["gpulab.io/placement"])
     assert placement["request"]["owner"] == "kim"
     assert hub.capacity()["a100-1"]["label"] == "1 GPU - 7 free"
-    assert "Kubernetes: 2 nodes, 9 GPUs" in hub.api("GET", "/gpulab/capacity").json()["inventory"]
+    # under gpu_sharing="mig": whole GPUs and MIG instances (the time-sliced GPU's replicas are
+    # not this backend's devices, and a time-sliced GPU is never a whole one)
+    assert (
+        "Kubernetes: 5 nodes, 10 GPUs, 4 MIG instances or replicas"
+        in hub.api("GET", "/gpulab/capacity").json()["inventory"]
+    )
     hub.stop_server("kim")
     wait_for(
         "kim's pod to go",
@@ -225,13 +230,22 @@ def _pod_of_any(cluster: DevCluster, user: str) -> dict:
     return pod
 
 
-@pytest.mark.parametrize("sharing", ["mig", "hami", "time-slicing"])
-def test_each_sharing_backend_makes_pods_the_api_server_accepts_and_schedules(cluster, sharing):
+@pytest.mark.parametrize(
+    ("sharing", "model", "node"),
+    [
+        ("mig", "A100-SXM4-80GB", "gk-a100-mig"),
+        ("hami", "L40S", "gk-l40s-hami"),
+        ("time-slicing", "A100-SXM4-80GB", "gk-a100-ts"),
+    ],
+)
+def test_each_sharing_backend_makes_pods_the_api_server_accepts_and_schedules(
+    cluster, sharing, model, node
+):
     spec = gpu_spec(
         num_gpu=0,
         gpu_milli=125,
-        gpu_models={"A100-SXM4-80GB"},
-        gpu_memory_mib=81920,
+        gpu_models={model},
+        gpu_memory_mib=46068 if sharing == "hami" else 81920,
         sharing=sharing,
         priority="on-demand",
     )
@@ -271,7 +285,7 @@ def test_each_sharing_backend_makes_pods_the_api_server_accepts_and_schedules(cl
                 and p
             ),
         )
-        assert pod["spec"]["nodeName"] == "gk-a100"
+        assert pod["spec"]["nodeName"] == node  # the node that offers the backend's devices
     finally:
         with contextlib.suppress(urllib.error.HTTPError):
             cluster.api(
