@@ -39,6 +39,7 @@ from gpulab.spawner.names import (
     RACK_LABEL,
     SHARED_GPU_RESOURCE,
     SHARED_PRODUCT_SUFFIX,
+    SIMULATED_NODE_ANNOTATION,
     SPOT_LABEL,
     SPOT_TAINT_KEY,
     ZONE_LABEL,
@@ -261,7 +262,7 @@ def node_manifest(spec: NodeSpec, *, internal_ip: str) -> dict[str, Any]:
             "labels": labels(spec),
             "annotations": {
                 "node.alpha.kubernetes.io/ttl": "0",
-                "gpulab.io/simulated": "true",
+                SIMULATED_NODE_ANNOTATION: "true",
                 "gpulab.io/internal-ip": internal_ip,
                 **annotations(spec),
             },

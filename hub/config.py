@@ -31,6 +31,7 @@ conveniences that the shipped config turns into these traits.
 
 from __future__ import annotations
 
+import copy
 import socket
 import sys
 from importlib.metadata import entry_points
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyterhub.auth import Authenticator
-from traitlets import Bool, Float, Integer, TraitError, Unicode
+from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode
 from traitlets.config import Config, Configurable
 from traitlets.utils.importstring import import_item
 
@@ -52,6 +53,7 @@ from gpulab.hub.scopes import CUSTOM_SCOPES
 from gpulab.spawner.names import (
     DEFAULT_PUSH_INTERVAL_SECONDS,
     METRICS_CONFIG_ENV,
+    MONITOR_SOURCE_ENV,
     PUSH_INTERVAL_ENV,
     PUSH_PATH,
     PUSH_URL_ENV,
@@ -121,8 +123,23 @@ def with_hub_hooks(cls: type[Authenticator]) -> type[Authenticator]:
     return type(cls.__name__, (GPULabHubHooks, cls), {"__module__": cls.__module__})
 
 
+MONITOR_SOURCES = ("auto", "nvml", "simulated", "none")
+
+
 class GPULab(Configurable):
-    """gpulab's hub-wide options: the services it runs beside the hub."""
+    """gpulab's hub-wide options: the services it runs beside the hub, and what every server's
+    GPU monitor shows."""
+
+    monitor_source = Enum(
+        MONITOR_SOURCES,
+        "auto",
+        config=True,
+        help="""Where every server's GPU monitor takes its figures: 'auto' (NVML where the driver
+        answers; where the server's GPUs come from a declared inventory or a dev-cluster node,
+        simulated figures labelled SIMULATED, shaped like the GPU the hub placed it on; else
+        none), 'nvml', 'simulated' or 'none'. A CPU-only server shows no GPU whatever this says.
+        Reaches servers as GPULAB_MONITOR_SOURCE (c.Spawner.environment).""",
+    )
 
     cull_idle_seconds = Integer(
         3600,
@@ -239,7 +256,14 @@ def add_web(c: Config) -> None:
 
 def apply(c: Config) -> None:
     """Make the hub configured in `c` a gpulab hub (see the module docstring). Call it last."""
-    add_services(c, GPULab(config=c))
+    settings = GPULab(config=c)
+    add_services(c, settings)
+    # every server's monitor, whatever the spawner (an admin's own entry wins)
+    env = c.Spawner.environment
+    # a LazyConfigValue (.update() without assignment) caches what get_value returns: ask a copy
+    current = env if isinstance(env, dict) else copy.deepcopy(env).get_value({})
+    if MONITOR_SOURCE_ENV not in current:
+        env.update({MONITOR_SOURCE_ENV: settings.monitor_source})
     configured = c.JupyterHub.get("authenticator_class", DEFAULT_AUTHENTICATOR)
     c.JupyterHub.authenticator_class = with_hub_hooks(authenticator_class(configured))
     add_web(c)

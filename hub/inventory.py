@@ -14,9 +14,9 @@ import socket
 from dataclasses import dataclass
 
 from gpulab.hub.allocator import GPU, Node
-from gpulab.spawner.names import INVENTORY_LABEL, MIG_ENABLED_LABEL
+from gpulab.spawner.names import DECLARED_INVENTORY, INVENTORY_LABEL, MIG_ENABLED_LABEL
 
-DECLARED = "declared"
+DECLARED = DECLARED_INVENTORY  # the label servers read back in GPU_INVENTORY_ENV
 NVML = "nvml"
 
 

@@ -4,7 +4,8 @@ Started by `gpulab run` from a state directory (the hub's working directory: its
 cookie secret, allocations and users' homes live there). Environment knobs, all optional:
 GPULAB_IP / GPULAB_PORT (127.0.0.1:8000), GPULAB_DECLARED_INVENTORY (used when no NVIDIA driver
 answers; default '8 x A100-SXM4-80GB'), GPULAB_CULL_IDLE_SECONDS (3600; 0: no culling),
-GPULAB_METRICS_SERVICE (1; 0: no gpulab-metrics service), GPULAB_CONFIG (an extra config file loaded last, for an
+GPULAB_METRICS_SERVICE (1; 0: no gpulab-metrics service), GPULAB_MONITOR_SOURCE (every
+server's GPU monitor: auto, nvml, simulated or none), GPULAB_CONFIG (an extra config file loaded last, for an
 admin's own profiles, quotas and settings).
 """
 
@@ -13,7 +14,12 @@ import shutil
 import sys
 
 from gpulab.hub.config import apply
-from gpulab.spawner.names import METRICS_CONFIG_ENV, PUSH_INTERVAL_ENV, PUSH_URL_ENV
+from gpulab.spawner.names import (
+    METRICS_CONFIG_ENV,
+    MONITOR_SOURCE_ENV,
+    PUSH_INTERVAL_ENV,
+    PUSH_URL_ENV,
+)
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
@@ -79,6 +85,7 @@ c.JupyterHub.load_roles = []
 # config, loaded after this, can still set c.GPULab.* directly).
 _ENV_KNOBS = {
     "GPULAB_CULL_IDLE_SECONDS": ("cull_idle_seconds", int),
+    MONITOR_SOURCE_ENV: ("monitor_source", str),
     "GPULAB_METRICS_SERVICE": (
         "metrics_service",
         lambda v: v.strip().lower() not in ("0", "false", "no", "off"),

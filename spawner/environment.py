@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpulab.spawner.names import (
     CAPS_HOOK_ENV,
+    GPU_DEVICE_MEMORY_MIB_ENV,
     GPU_ENFORCEMENT_ENV,
     GPU_FRACTION_ENV,
     GPU_MEMORY_LIMIT_MIB_ENV,
@@ -107,6 +108,8 @@ def gpu_environment(
     env.update({GPU_UUIDS_ENV: uuids, GPU_ENFORCEMENT_ENV: enforcement.mechanism})
     if gpus[0].model:
         env[GPU_MODEL_ENV] = gpus[0].model
+    if gpus[0].memory_mib:
+        env[GPU_DEVICE_MEMORY_MIB_ENV] = str(gpus[0].memory_mib)
     if enforcement.mechanism == EXCLUSIVE:
         return env, enforcement
 

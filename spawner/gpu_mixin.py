@@ -29,6 +29,12 @@ from gpulab.hub.profiles import Profile
 from gpulab.hub.refusals import MAX_BODY_BYTES, refusal, shown
 from gpulab.hub.workspaces import Workspaces, keeps_workspaces
 from gpulab.spawner.environment import AssignedGPU, Enforcement, enforcement_for
+from gpulab.spawner.names import (
+    DECLARED_INVENTORY,
+    GPU_INVENTORY_ENV,
+    INVENTORY_LABEL,
+    SIMULATED_INVENTORY,
+)
 from gpulab.spawner.picker import PickerRow, render_picker
 from gpulab.spawner.workspaces.base import WORKSPACE_OPTION_KEYS, workspace_choices
 
@@ -326,6 +332,16 @@ class GPUSpawnerMixin(Configurable):
             gpu = capacity.gpu_by_uuid(share.uuid)
             out.append(AssignedGPU(share.uuid, gpu.model, gpu.memory_mib, share.milli))
         return out
+
+    def inventory_environment(self, placement: Placement) -> dict[str, str]:
+        """GPU_INVENTORY_ENV when the placement's node is declared (no device to measure), so
+        the server's monitor simulates the GPUs the hub placed it on."""
+        for node in self.gpu_capacity.inventory.nodes:
+            if node.name == placement.node:
+                kind = str(node.labels.get(INVENTORY_LABEL, ""))
+                unmeasured = (DECLARED_INVENTORY, SIMULATED_INVENTORY)
+                return {GPU_INVENTORY_ENV: kind} if kind in unmeasured else {}
+        return {}
 
     def restore_placement(self) -> None:
         """After a hub restart, pick our placement back up from the allocator's store."""

@@ -50,6 +50,8 @@ HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 
 # --- Labels on inventory nodes the hub builds itself (declared or NVML), read by the admin API -----
 INVENTORY_LABEL = "gpulab.io/inventory"
+#: On a dev-cluster Node (devcluster/spec.py): its GPUs are simulated.
+SIMULATED_NODE_ANNOTATION = "gpulab.io/simulated"
 MIG_ENABLED_LABEL = "gpulab.io/mig-enabled"
 
 # --- NVIDIA extended resources --------------------------------------------------------------------
@@ -96,8 +98,17 @@ GPU_ENFORCEMENT_ENV = "GPULAB_GPU_ENFORCEMENT"
 GPU_FRACTION_ENV = "GPULAB_GPU_FRACTION"
 #: The memory cap in MiB of a fractional share.
 GPU_MEMORY_LIMIT_MIB_ENV = "GPULAB_GPU_MEMORY_LIMIT_MIB"
-#: The GPU model the hub placed the server on (the simulated monitor source takes its shape).
+#: The GPU model the hub placed the server on, as NVML names it ("A100-SXM4-80GB", or
+#: "A100-SXM4-80GB MIG 2g.20gb" for a MIG instance); the simulated monitor source takes its shape.
 GPU_MODEL_ENV = "GPULAB_GPU_MODEL"
+#: Memory of one device of the share, MiB (a MIG instance's own).
+GPU_DEVICE_MEMORY_MIB_ENV = "GPULAB_GPU_DEVICE_MEMORY_MIB"
+#: Where the share's devices come from when nothing can measure them: "declared" (an admin's
+#: declared inventory) or "simulated" (a dev-cluster node); the monitor then simulates them.
+GPU_INVENTORY_ENV = "GPULAB_GPU_INVENTORY"
+#: Values of GPU_INVENTORY_ENV (and of INVENTORY_LABEL on the hub's nodes).
+DECLARED_INVENTORY = "declared"
+SIMULATED_INVENTORY = "simulated"
 #: The kube cluster's sharing backend of a fractional share ("" for whole GPUs).
 GPU_SHARING_ENV = "GPULAB_GPU_SHARING"
 #: "1": the spawner installed the sitecustomize hook that caps memory per process.

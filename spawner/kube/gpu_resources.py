@@ -16,8 +16,10 @@ from typing import Any
 
 from gpulab.spawner.environment import CPU_ONLY, EXCLUSIVE
 from gpulab.spawner.names import (
+    GPU_DEVICE_MEMORY_MIB_ENV,
     GPU_ENFORCEMENT_ENV,
     GPU_FRACTION_ENV,
+    GPU_INVENTORY_ENV,
     GPU_MEMORY_LIMIT_MIB_ENV,
     GPU_MODEL_ENV,
     GPU_RESOURCE,
@@ -167,7 +169,14 @@ def gpu_spec(
 
 
 def share_environment(
-    *, sharing: str, model: str, taken_milli: int, device_memory_mib: int, fractional: bool
+    *,
+    sharing: str,
+    model: str,
+    taken_milli: int,
+    device_memory_mib: int,
+    fractional: bool,
+    mig_profile: str | None = None,
+    inventory: str = "",
 ) -> dict[str, str]:
     """What a pod is told of its share, in the names the monitor and caps hook read.
 
@@ -176,14 +185,19 @@ def share_environment(
     instance's or replica's part, a HAMi share rounded to its step) and its memory limit (the
     MIG instance's memory; HAMi's gpumem; for a time-slicing replica, its part of the GPU's
     memory, which nothing enforces). A CPU-only pod sees no GPU even where a runtime would
-    expose all of them by default."""
+    expose all of them by default. `inventory` says the node's GPUs are simulated."""
     if not taken_milli:
         return {
             GPU_ENFORCEMENT_ENV: CPU_ONLY,
             "NVIDIA_VISIBLE_DEVICES": "void",
             "CUDA_VISIBLE_DEVICES": "",
         }
-    env = {GPU_MODEL_ENV: model}
+    env = {
+        GPU_MODEL_ENV: f"{model} MIG {mig_profile}" if mig_profile else model,
+        GPU_DEVICE_MEMORY_MIB_ENV: str(device_memory_mib),
+    }
+    if inventory:
+        env[GPU_INVENTORY_ENV] = inventory
     if not fractional:
         env[GPU_ENFORCEMENT_ENV] = EXCLUSIVE
         return env

@@ -35,10 +35,13 @@ from gpulab.spawner.names import (
     GPU_REPLICAS_LABEL,
     GPU_RESOURCE,
     HAMI_REGISTER_ANNOTATION,
+    INVENTORY_LABEL,
     MIG_RESOURCE_PREFIX,
     NVLINK_GROUP_LABEL,
     PRODUCT_LABEL,
     SHARED_GPU_RESOURCE,
+    SIMULATED_INVENTORY,
+    SIMULATED_NODE_ANNOTATION,
 )
 
 #: the most a part of a GPU holds: a device below a whole GPU never serves whole-GPU requests
@@ -129,6 +132,8 @@ def node_from_k8s(node: Mapping[str, Any], sharing: str = MIG) -> Node:
                 capacity_milli=milli,
                 share_step_milli=milli,
             )
+    if (meta.get("annotations") or {}).get(SIMULATED_NODE_ANNOTATION) == "true":
+        labels[INVENTORY_LABEL] = SIMULATED_INVENTORY  # a dev-cluster node: no GPU to measure
     return Node(
         name=name,
         cpu_milli=cpu_milli(alloc.get("cpu", "0")),

@@ -211,6 +211,8 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             mps_log_directory=self.mps_log_directory,
         )
         env.update(gpu_env)
+        if placement is not None and placement.gpus:
+            env.update(self.inventory_environment(placement))
         if gpu_env.get(CAPS_HOOK_ENV):
             env["PYTHONPATH"] = with_caps_hook(env.get("PYTHONPATH"))
         if self.gpulab_profile is not None:

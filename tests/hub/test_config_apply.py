@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from jupyterhub.auth import DummyAuthenticator
+from traitlets import TraitError
 from traitlets.config import Config
 
 from gpulab.hub.config import (
@@ -97,13 +98,39 @@ def test_gpulab_options_decide_the_services_and_where_servers_push() -> None:
         "ADMINS_OWN": "1",
         "GPULAB_METRICS_PUSH_URL": "http://127.0.0.1:8002/api/push",
         "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "5",
+        "GPULAB_MONITOR_SOURCE": "auto",
     }
 
     off = Config()
     off.GPULab.cull_idle_seconds = 0
     off.GPULab.metrics_service = False
+    off.GPULab.monitor_source = "none"
     apply(off)
-    assert "services" not in off.JupyterHub and "environment" not in off.Spawner
+    assert "services" not in off.JupyterHub
+    assert spawner_environment(off) == {"GPULAB_MONITOR_SOURCE": "none"}
+
+
+def spawner_environment(c: Config) -> dict:
+    """c.Spawner.environment, resolved where .update() left traitlets' lazy value."""
+    env = c.Spawner.environment
+    return env if isinstance(env, dict) else env.get_value({})
+
+
+def test_the_monitor_source_is_a_hub_setting_checked_by_name() -> None:
+    c = Config()
+    c.GPULab.monitor_source = "simulated"
+    apply(c)
+    assert spawner_environment(c)["GPULAB_MONITOR_SOURCE"] == "simulated"
+    admins = Config()
+    admins.Spawner.environment.update({"GPULAB_MONITOR_SOURCE": "nvml"})  # the admin's own wins
+    apply(admins)
+    assert spawner_environment(admins)["GPULAB_MONITOR_SOURCE"] == "nvml"
+    bad = Config()
+    bad.GPULab.monitor_source = "dcgm"
+    with pytest.raises(
+        TraitError, match="'monitor_source' trait of a GPULab instance expected any"
+    ):
+        apply(bad)
 
 
 def test_every_gpulab_option_has_help() -> None:

@@ -7,12 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpulab.spawner.names import (
+    GPU_DEVICE_MEMORY_MIB_ENV,
     GPU_ENFORCEMENT_ENV,
     GPU_FRACTION_ENV,
+    GPU_INVENTORY_ENV,
     GPU_MEMORY_LIMIT_MIB_ENV,
+    GPU_MODEL_ENV,
     GPU_UUIDS_ENV,
     PROFILE_ENV,
 )
+
+#: GPU_ENFORCEMENT_ENV of a server without a GPU (gpulab.spawner.environment.CPU_ONLY)
+CPU_ONLY = "cpu-only"
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,14 @@ class Share:
     profile: str
     user: str
     server: str
+    model: str = ""  # as NVML names it, e.g. "A100-SXM4-80GB MIG 2g.20gb"; "" when unknown
+    device_memory_mib: float | None = None
+    inventory: str = ""  # "declared" / "simulated": nothing can measure these devices
+
+    @property
+    def cpu_only(self) -> bool:
+        """The spawner gave this server no GPU: the monitor shows none, whatever it can see."""
+        return self.enforcement == CPU_ONLY
 
     @property
     def whole(self) -> bool:
@@ -33,7 +47,13 @@ class Share:
         return self.fraction is None and self.memory_limit_mib is None
 
     def to_json(self) -> dict[str, object]:
-        return {"profile": self.profile, "fraction": self.fraction, "enforcement": self.enforcement}
+        return {
+            "profile": self.profile,
+            "fraction": self.fraction,
+            "memory_limit_mib": self.memory_limit_mib,
+            "enforcement": self.enforcement,
+            "model": self.model,
+        }
 
 
 def is_mig_uuid(uuid: str) -> bool:
@@ -76,6 +96,9 @@ def share_from_env(env: Mapping[str, str] | None = None) -> Share:
         profile=env.get(PROFILE_ENV, ""),
         user=env.get("JUPYTERHUB_USER", "") or _login_name(),
         server=env.get("JUPYTERHUB_SERVER_NAME", ""),
+        model=env.get(GPU_MODEL_ENV, "").strip(),
+        device_memory_mib=_float_or_none(env, GPU_DEVICE_MEMORY_MIB_ENV),
+        inventory=env.get(GPU_INVENTORY_ENV, "").strip(),
     )
 
 

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpulab.spawner.names import DECLARED_INVENTORY, SIMULATED_INVENTORY
+
 from .procs import is_own, process_name
 from .share import Share, is_mig_uuid
 
@@ -333,8 +335,10 @@ def spend(seconds: float) -> None:
         pass
 
 
+#: the simulated device when the spawner names no model (a bare server, a test)
 SIMULATED_GPU = ("Simulated NVIDIA H100 80GB HBM3", 81559.0)
 SIMULATED_MIG = ("Simulated NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9984.0)
+CPU_ONLY_MESSAGE = "This server has no GPU (its profile is CPU-only)"
 SIMULATED_MESSAGE = (
     "Simulated GPUs: these figures are generated, not measured "
     "(GPUMonitor.source or GPULAB_MONITOR_SOURCE is 'simulated')"
@@ -421,11 +425,16 @@ class SimulatedSource(Source):
         self.clock = clock
         self.message = SIMULATED_MESSAGE
         uuids = share.uuids or tuple(simulated_uuid(i) for i in range(device_count))
+        if share.cpu_only:
+            uuids, self.message = (), CPU_ONLY_MESSAGE
         self._devices = []
         self._walks = {}
         for index, uuid in enumerate(uuids):
-            mig = is_mig_uuid(uuid)
+            mig = is_mig_uuid(uuid) or " MIG " in share.model
             name, total = SIMULATED_MIG if mig else SIMULATED_GPU
+            if share.model:  # the GPU the hub placed this server on
+                name = f"Simulated NVIDIA {share.model}"
+                total = share.device_memory_mib or share.memory_limit_mib or total
             limit = total if share.memory_limit_mib is None else min(total, share.memory_limit_mib)
             self._devices.append(
                 DeviceInfo(uuid, name, index, mig, share.whole and not mig, total, limit)
@@ -443,6 +452,8 @@ class SimulatedSource(Source):
 
     def sample(self) -> dict[str, DeviceSample]:
         with self._lock:
+            if not self._devices:
+                return {}
             t = self.clock()
             script = self.script.current()
             if self.script.error:
@@ -509,7 +520,11 @@ def select_source(
     latencies: Latencies | None = None,
     script_path: str | None = None,
 ) -> Source:
-    """mode: "auto" (NVML if it initialises, else none), "nvml", "simulated" or "none"."""
+    """mode: "auto" (NVML if it initialises; else the simulated source where the spawner says
+    the share's devices are declared or simulated, none otherwise), "nvml", "simulated" or
+    "none". A CPU-only server shows no GPU in any mode: any GPU it could see is not its own."""
+    if share.cpu_only:
+        return NoDriverSource(CPU_ONLY_MESSAGE)
     if mode == "simulated":
         return SimulatedSource(
             share, device_count=simulated_device_count, latencies=latencies, script_path=script_path
@@ -519,5 +534,8 @@ def select_source(
     try:
         return NvmlSource(share)
     except Exception as e:  # pynvml.NVMLError, ImportError, OSError from ctypes
+        if mode == "auto" and share.inventory in (DECLARED_INVENTORY, SIMULATED_INVENTORY):
+            log.info("gpulab monitor: no NVML; simulating the %s GPUs", share.inventory)
+            return SimulatedSource(share, latencies=latencies, script_path=script_path)
         log.info("gpulab monitor: NVML unavailable (%s); GPU figures are off", e)
         return NoDriverSource(NO_DRIVER_MESSAGE)

@@ -4,6 +4,9 @@ quotas and on-demand headroom on the Kubernetes backend, through the spawner."""
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 from traitlets.config import Config
 
@@ -11,6 +14,7 @@ from gpulab.devcluster import DevCluster
 from tests.harness.hub import merged
 from tests.harness.kube import SPAWNER_NODES, placed_pods
 from tests.harness.kube_fill import BACKENDS, backend_overlay, fill
+from tests.harness.labserver import EXTENSION_SRC
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +72,45 @@ def test_preemptible_work_stays_out_of_the_on_demand_headroom(make_hub, cluster)
     assert r.status_code == 409, r.text
     assert "kept for on-demand servers" in r.json()["message"]
     assert hub.server_model("sam") is None and not hub.allocations()
+
+
+@pytest.mark.parametrize(
+    ("sharing", "profile", "name", "limit"),
+    [
+        ("mig", "a100-quarter", "Simulated NVIDIA A100-SXM4-80GB MIG 2g.20gb", 20480),
+        ("time-slicing", "a100-eighth", "Simulated NVIDIA A100-SXM4-80GB", 20480),
+    ],
+)
+def test_a_pod_monitor_shows_its_own_share(
+    make_hub, cluster, tmp_path, sharing, profile, name, limit
+):
+    """The monitor in the pod reports the share the hub placed: a MIG instance's own memory, a
+    time-slicing replica's part of the GPU (a 1/8 request holds a 1/4 replica), simulated and
+    labelled so on the dev cluster's nodes."""
+    enable = tmp_path / "jupyter-config" / "jupyter_server_config.d" / "jupyterlab_gpulab.json"
+    enable.parent.mkdir(parents=True)
+    enable.write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyterlab_gpulab": True}}})
+    )
+    for path in (tmp_path, *enable.parents[:3]):
+        path.chmod(0o755)  # the pod runs as its own uid
+    enable.chmod(0o644)
+    overlay = backend_overlay(sharing)
+    overlay.Spawner.environment.update(
+        {"PYTHONPATH": str(EXTENSION_SRC), "JUPYTER_CONFIG_PATH": str(enable.parents[1])}
+    )
+    hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name=f"mon-{sharing}")
+    hub.create_user("mona")
+    hub.start_server("mona", profile=profile)
+    r = httpx.get(
+        f"{hub.url}/user/mona/gpulab/monitor/devices",
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["simulated"] and body["share"]["fraction"] == 0.25
+    assert body["share"]["memory_limit_mib"] == limit
+    (device,) = body["devices"]
+    assert device["name"] == name and device["memory_limit_mib"] == limit
+    assert not device["whole"]

@@ -95,36 +95,26 @@ def test_a_mig_instance_is_its_memory_part_of_the_gpu() -> None:
 def test_a_pod_is_told_its_share_as_the_monitor_reads_it() -> None:
     from gpulab.spawner.kube.gpu_resources import share_environment
 
-    mig = share_environment(
-        sharing="mig",
-        model="A100-SXM4-80GB",
-        taken_milli=250,
-        device_memory_mib=20480,
-        fractional=True,
-    )
-    assert mig == {
+    def env(**kw: Any) -> dict[str, str]:
+        base = {"sharing": "mig", "model": "A100-SXM4-80GB", "taken_milli": 250}
+        return share_environment(**{**base, "device_memory_mib": 20480, "fractional": True, **kw})
+
+    assert env() == {
         "GPULAB_GPU_MODEL": "A100-SXM4-80GB",
+        "GPULAB_GPU_DEVICE_MEMORY_MIB": "20480",
         "GPULAB_GPU_ENFORCEMENT": "mig",
         "GPULAB_GPU_FRACTION": "0.250",
         "GPULAB_GPU_MEMORY_LIMIT_MIB": "20480",
     }
-    replica = share_environment(
-        sharing="time-slicing",
-        model="A100-SXM4-80GB",
-        taken_milli=250,
-        device_memory_mib=81920,
-        fractional=True,
-    )
-    assert replica["GPULAB_GPU_MEMORY_LIMIT_MIB"] == "20480"
-    whole = share_environment(
-        sharing="mig",
-        model="A100-SXM4-80GB",
-        taken_milli=2000,
-        device_memory_mib=81920,
-        fractional=False,
-    )
-    assert whole == {"GPULAB_GPU_MODEL": "A100-SXM4-80GB", "GPULAB_GPU_ENFORCEMENT": "exclusive"}
-    cpu = share_environment(
-        sharing="mig", model="", taken_milli=0, device_memory_mib=0, fractional=False
-    )
+    replica = env(sharing="time-slicing", device_memory_mib=81920)
+    assert replica["GPULAB_GPU_MEMORY_LIMIT_MIB"] == "20480"  # its part of the GPU
+    assert env(taken_milli=2000, device_memory_mib=81920, fractional=False) == {
+        "GPULAB_GPU_MODEL": "A100-SXM4-80GB",
+        "GPULAB_GPU_DEVICE_MEMORY_MIB": "81920",
+        "GPULAB_GPU_ENFORCEMENT": "exclusive",
+    }
+    named = env(mig_profile="2g.20gb", inventory="simulated")
+    assert named["GPULAB_GPU_MODEL"] == "A100-SXM4-80GB MIG 2g.20gb"
+    assert named["GPULAB_GPU_INVENTORY"] == "simulated"
+    cpu = env(model="", taken_milli=0, device_memory_mib=0, fractional=False)
     assert cpu["NVIDIA_VISIBLE_DEVICES"] == "void" and cpu["CUDA_VISIBLE_DEVICES"] == ""

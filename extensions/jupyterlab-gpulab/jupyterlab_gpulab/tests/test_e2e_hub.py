@@ -20,8 +20,8 @@ def test_a_quarter_share_servers_gpu_metrics_are_read_through_the_hub(
     enable.write_text(
         json.dumps({"ServerApp": {"jpserver_extensions": {"jupyterlab_gpulab": True}}})
     )
+    # no monitor source set: the stock hub's default simulates a declared inventory's GPUs
     env = {
-        "GPULAB_MONITOR_SOURCE": "simulated",
         "PYTHONPATH": str(EXTENSION_SRC),
         "JUPYTER_CONFIG_PATH": str(enable.parents[1]),
     }
@@ -35,9 +35,11 @@ def test_a_quarter_share_servers_gpu_metrics_are_read_through_the_hub(
     with httpx.Client(headers={"Authorization": f"token {hub.token}"}, timeout=30) as reader:
         devices = reader.get(f"{base}/devices").json()
         assert devices["share"]["fraction"] == 0.25 and devices["share"]["profile"] == "gpu-quarter"
+        assert devices["simulated"] and "Simulated" in devices["message"]
         (device,) = devices["devices"]
         assert device["uuid"] == uuid and not device["whole"]
-        assert device["memory_limit_mib"] < device["memory_total_mib"]
+        assert device["name"] == "Simulated NVIDIA A100-SXM4-80GB"  # the model the hub placed
+        assert device["memory_total_mib"] == 81920 and device["memory_limit_mib"] == 20480
         text = ""
         for _ in range(100):
             text = reader.get(f"{base}/metrics").text
@@ -49,3 +51,13 @@ def test_a_quarter_share_servers_gpu_metrics_are_read_through_the_hub(
     anonymous = httpx.get(f"{base}/metrics", timeout=30, follow_redirects=False)
     assert anonymous.status_code in (302, 403)
     assert "gpulab_gpu" not in anonymous.text
+
+    # a CPU-only server of the same hub shows no GPU (and pushes none to gpulab-metrics)
+    hub.create_user("cyd")
+    hub.start_server("cyd", profile="cpu")
+    cpu = httpx.get(
+        f"{hub.url}/user/cyd/gpulab/monitor/devices",
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=30,
+    ).json()
+    assert cpu["devices"] == [] and "no GPU" in cpu["message"]

@@ -97,7 +97,13 @@ def test_devices_describe_the_share_and_say_the_figures_are_simulated(lab: LabSe
     assert body["source"] == "simulated" and body["simulated"] is True
     assert "simulated" in body["message"].lower()
     assert body["period_seconds"] == 0.25 and body["max_rate_hz"] == 4.0
-    assert body["share"] == {"profile": "gpu-whole", "fraction": None, "enforcement": "exclusive"}
+    assert body["share"] == {
+        "profile": "gpu-whole",
+        "fraction": None,
+        "memory_limit_mib": None,
+        "enforcement": "exclusive",
+        "model": "",
+    }
     whole, mig = body["devices"]
     assert whole["uuid"] == WHOLE and whole["whole"] and not whole["mig"]
     assert whole["memory_limit_mib"] == whole["memory_total_mib"]

@@ -61,7 +61,9 @@ def test_a_quarter_share_reads_fraction_limit_user_and_server_from_the_environme
     assert share.to_json() == {
         "profile": "gpu-quarter",
         "fraction": 0.25,
+        "memory_limit_mib": 20389.0,
         "enforcement": "framework-caps",
+        "model": "",
     }
     (device,) = SimulatedSource(share, latencies=FREE).devices()
     assert not device.whole and device.memory_limit_mib == 20389.0
