@@ -107,12 +107,15 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         return self._watchdogs[key]
 
     def _start_watchdog(self) -> None:
-        placement = self.gpulab_placement
-        if placement is None or not self.pid or all(s.milli == 1000 for s in placement.gpus):
-            return  # whole GPUs are exclusive; CPU-only servers hold no GPU
+        """Watch every server: a fraction's memory cap, and for whole-GPU and CPU-only servers
+        that they use no GPU but their own (any other GPU counts as a 0 MiB share)."""
+        if not self.pid:
+            return
         if self.gpu_capacity.inventory_is_declared and not self.simulated_gpu_processes_file:
             return  # no driver, nothing to sample
-        limits = {g.uuid: g.memory_limit_mib for g in self.assigned_gpus(placement)}
+        placement = self.gpulab_placement
+        gpus = self.assigned_gpus(placement) if placement is not None else []
+        limits = {g.uuid: g.memory_limit_mib for g in gpus}
         self.watchdog.watch(self.allocation_id, self.pid, limits, self._on_over_share)
 
     async def _on_over_share(self, stage: str, message: str) -> None:

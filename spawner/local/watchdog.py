@@ -1,9 +1,12 @@
 """The GPU memory watchdog: warn, then stop, a local server whose processes outgrow its GPU share.
 
-Framework caps are cooperative, so this is what makes a fractional share binding without
-Kubernetes. It samples per-process GPU memory (NVML's compute-process list, or a simulated source
-where no driver exists), adds it up over each server's process tree, and calls back once when a
-server goes over its share and again when it stays over past the grace period.
+Framework caps are cooperative, and CUDA_VISIBLE_DEVICES is only a variable a process may unset,
+so this is what makes a share binding without Kubernetes. It samples per-process GPU memory
+(NVML's compute-process list, or a simulated source where no driver exists), adds it up over each
+server's process tree, and calls back once when a server goes over its share and again when it
+stays over past the grace period. Every server is watched: a GPU that is not in a server's share
+has a share of 0 MiB there, so a CPU-only server that opens a GPU anyway, or a whole-GPU server
+on a neighbour's device, is over at once.
 """
 
 from __future__ import annotations
@@ -140,13 +143,18 @@ class GPUMemoryWatchdog:
                 continue
             used = self.usage(sample, process_tree(w.pid))
             over = {
-                u: (used.get(u, 0), lim) for u, lim in w.limits_mib.items() if used.get(u, 0) > lim
+                u: (mib, w.limits_mib.get(u, 0))
+                for u, mib in used.items()
+                if mib > w.limits_mib.get(u, 0)
             }
             if not over:
                 w.over_since, w.warned = None, False
                 continue
             detail = "; ".join(
-                f"{u}: {a} MiB used of a {lim} MiB share" for u, (a, lim) in over.items()
+                f"{u}: {a} MiB used of a {lim} MiB share"
+                if u in w.limits_mib
+                else f"{u}: {a} MiB used of a GPU that is not in its share"
+                for u, (a, lim) in over.items()
             )
             if w.over_since is None:
                 w.over_since = now
