@@ -261,10 +261,15 @@ class ClusterState:
         if milli:
             out: list[tuple[int, ...]] = []
             seen: set[int] = set()
-            stepped = cls.steps is not None
+            if cls.steps is not None:
+                # devices cut into slices: only the smallest that hold the share (a quarter
+                # goes to a free 2g.20gb instance, never to a 3g.40gb one beside it)
+                takes = [(cls.take(p, milli), p) for p, f in enumerate(gpus) if allowed[p]]
+                fits = [(t, p) for t, p in takes if t and gpus[p] >= t]
+                least = min((t for t, _ in fits), default=0)
+                return [(p,) for t, p in fits if t == least]
             for p, f in enumerate(gpus):
-                take = cls.take(p, milli) if stepped else milli
-                if take and f >= take and allowed[p]:
+                if f >= milli and allowed[p]:
                     if cls.interchangeable:
                         if f in seen:
                             continue

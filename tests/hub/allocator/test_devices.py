@@ -215,3 +215,13 @@ def test_no_device_ever_holds_more_than_it_can(ops, policy) -> None:
         assert sum(shares) <= gpu.capacity_milli
         if gpu.share_step_milli == gpu.capacity_milli:
             assert len(shares) == 1  # a MIG instance or replica holds one share
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_share_takes_the_smallest_free_slice_that_holds_it(policy: str) -> None:
+    layout = {"3g.40gb": (1, 500), "2g.20gb": (1, 250), "1g.10gb": (1, 125)}
+    alloc = Allocator(Inventory([mig_node(layout=layout)]), policy=policy)
+    first = alloc.place(Request("a/", owner="a", gpu_milli=250)).gpus[0]
+    assert first.uuid == "mig/mig-2g.20gb-0" and first.milli == 250
+    second = alloc.place(Request("b/", owner="b", gpu_milli=250)).gpus[0]
+    assert second.uuid == "mig/mig-3g.40gb-0" and second.milli == 500  # the next that holds it
