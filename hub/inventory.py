@@ -12,6 +12,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from gpulab.hub.allocator import GPU, Node
 from gpulab.spawner.names import DECLARED_INVENTORY, INVENTORY_LABEL, MIG_ENABLED_LABEL
@@ -49,6 +50,38 @@ KNOWN_MODELS: dict[str, GPUModelSpec] = {
     "RTX-A6000": GPUModelSpec(49140, False, False),
     "RTX-4090": GPUModelSpec(24564, False, False),
 }
+
+
+#: MIG profiles per GPU memory size: (compute slices out of 7, memory GB), smallest first
+MIG_PROFILES_BY_MEMORY_GB: dict[int, list[tuple[int, int]]] = {
+    40: [(1, 5), (2, 10), (3, 20), (4, 20), (7, 40)],
+    80: [(1, 10), (2, 20), (3, 40), (4, 40), (7, 80)],
+    94: [(1, 12), (2, 24), (3, 47), (4, 47), (7, 94)],
+    141: [(1, 18), (2, 35), (3, 71), (4, 71), (7, 141)],
+    24: [(1, 6), (2, 12), (4, 24)],  # A30
+}
+
+#: the most a part of a GPU holds: a device below a whole GPU never serves whole-GPU requests
+PART_MAX_MILLI = 999
+_MIG_PROFILE = re.compile(r"\b(\d)g\.(\d+)gb\b")
+
+
+def mig_instance_milli(profile: str, gpu_memory_mib: int) -> int:
+    """The part of its GPU a MIG instance is, by memory ('2g.20gb' of an 80 GB GPU: 250).
+
+    MIG names memory in the GPU's nominal GB (an H200's 140.4 GiB is '141gb'), so the GPU's
+    size is the nearest size MIG profiles are known for."""
+    m = _MIG_PROFILE.search(profile)
+    if not m:
+        raise InventoryError(f"{profile!r} is not a MIG profile like '2g.20gb'")
+    gpu_gb = min(MIG_PROFILES_BY_MEMORY_GB, key=lambda gb: abs(gb - gpu_memory_mib / 1024))
+    return max(1, min(PART_MAX_MILLI, round(1000 * int(m.group(2)) / gpu_gb)))
+
+
+def mig_profile_of(name: str) -> str | None:
+    """'NVIDIA A100-SXM4-80GB MIG 2g.20gb' -> '2g.20gb' (NVML's MIG device names)."""
+    m = _MIG_PROFILE.search(name)
+    return f"{m.group(1)}g.{m.group(2)}gb" if m else None
 
 
 class InventoryError(ValueError):
@@ -197,27 +230,32 @@ def discover_nvml(
                     continue
                 linked.add(bus)
                 parent[find(bus)] = find(remote)
-        gpus = []
+        gpus: list[GPU] = []
         mig_enabled: list[str] = []
         for index, (h, bus) in enumerate(zip(handles, bus_ids, strict=True)):
             uuid = _as_str(pynvml.nvmlDeviceGetUUID(h))
+            mig_on = False
             try:
                 current_mig, _pending = pynvml.nvmlDeviceGetMigMode(h)
                 mig_capable = True
-                if current_mig == pynvml.NVML_DEVICE_MIG_ENABLE:
-                    mig_enabled.append(uuid)
-            except pynvml.NVMLError:
+                mig_on = current_mig == pynvml.NVML_DEVICE_MIG_ENABLE
+            except pynvml.NVMLError:  # NotSupported: not a MIG-capable GPU
                 mig_capable = False
-            gpus.append(
-                GPU(
-                    uuid=uuid,
-                    model=_model_name(pynvml.nvmlDeviceGetName(h)),
-                    memory_mib=int(pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)),
-                    index=index,
-                    mig_capable=mig_capable,
-                    nvlink_group=f"{node_name}/nvlink-{find(bus)}" if bus in linked else None,
-                )
+            gpu = GPU(
+                uuid=uuid,
+                model=_model_name(pynvml.nvmlDeviceGetName(h)),
+                memory_mib=int(pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)),
+                index=index,
+                mig_capable=mig_capable,
+                nvlink_group=f"{node_name}/nvlink-{find(bus)}" if bus in linked else None,
             )
+            if mig_on:
+                # a MIG-enabled GPU runs no CUDA work of its own: only its instances are
+                # devices; with none configured it is left out (the label names it)
+                mig_enabled.append(uuid)
+                gpus.extend(_mig_instances(pynvml, h, gpu))
+            else:
+                gpus.append(gpu)
     finally:
         pynvml.nvmlShutdown()
     return Node(
@@ -225,7 +263,34 @@ def discover_nvml(
         cpu_milli=cpu_milli if cpu_milli is not None else machine_cpu_milli(),
         memory_mib=memory_mib if memory_mib is not None else machine_memory_mib(),
         gpus=tuple(gpus),
-        # MIG slices are handed out by the Kubernetes device plugin; locally we record which GPUs
-        # are in MIG mode so the UI can say so.
         labels={INVENTORY_LABEL: NVML, MIG_ENABLED_LABEL: ",".join(mig_enabled)},
     )
+
+
+def _mig_instances(pynvml: Any, parent_handle: Any, parent: GPU) -> list[GPU]:
+    """The MIG instances of a MIG-enabled GPU, each a device holding one share of its profile's
+    part of the GPU (what CUDA_VISIBLE_DEVICES=MIG-<uuid> gives a server)."""
+    out: list[GPU] = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent_handle)):
+        try:
+            h = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent_handle, slot)
+        except pynvml.NVMLError:  # NOT_FOUND: no instance in this slot
+            continue
+        profile = mig_profile_of(_as_str(pynvml.nvmlDeviceGetName(h)))
+        if profile is None:
+            continue
+        milli = mig_instance_milli(profile, parent.memory_mib)
+        out.append(
+            GPU(
+                uuid=_as_str(pynvml.nvmlDeviceGetUUID(h)),
+                model=parent.model,
+                memory_mib=int(pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)),
+                index=parent.index,
+                mig_capable=True,
+                nvlink_group=None,  # an instance is never part of a multi-GPU request
+                capacity_milli=milli,
+                share_step_milli=milli,
+                mig_profile=profile,
+            )
+        )
+    return out

@@ -27,6 +27,7 @@ from gpulab.spawner.names import (
 )
 
 EXCLUSIVE = "exclusive"
+MIG = "mig"
 MPS = "mps"
 FRAMEWORK_CAPS = "framework-caps"
 CPU_ONLY = "cpu-only"
@@ -39,13 +40,21 @@ CAPS_HOOK_DIR = str(Path(__file__).parent / "singleuser" / "gpu_caps")
 class AssignedGPU:
     uuid: str
     model: str
-    memory_mib: int
+    memory_mib: int  # a MIG instance's own
     milli: int  # 1000 = whole GPU
+    mig_profile: str | None = None  # a MIG instance: the hardware holds it to its memory
 
     @property
     def memory_limit_mib(self) -> int:
+        if self.mig_profile:
+            return self.memory_mib
         # floor: a share never promises more memory than the GPU has
         return self.memory_mib * self.milli // 1000
+
+    @property
+    def model_name(self) -> str:
+        """As NVML names the device ('A100-SXM4-80GB MIG 2g.20gb' for a MIG instance)."""
+        return f"{self.model} MIG {self.mig_profile}" if self.mig_profile else self.model
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,12 @@ def enforcement_for(gpus: Sequence[AssignedGPU], *, mps_available: bool) -> Enfo
             "while the server runs.",
         )
     g = gpus[0]
+    if g.mig_profile:
+        return Enforcement(
+            MIG,
+            f"MIG instance {g.mig_profile}: the GPU's hardware holds you to {g.memory_mib} MiB "
+            "and your own compute slices; no other server shares its memory or faults.",
+        )
     if mps_available:
         return Enforcement(
             MPS,
@@ -107,7 +122,7 @@ def gpu_environment(
     )
     env.update({GPU_UUIDS_ENV: uuids, GPU_ENFORCEMENT_ENV: enforcement.mechanism})
     if gpus[0].model:
-        env[GPU_MODEL_ENV] = gpus[0].model
+        env[GPU_MODEL_ENV] = gpus[0].model_name
     if gpus[0].memory_mib:
         env[GPU_DEVICE_MEMORY_MIB_ENV] = str(gpus[0].memory_mib)
     if enforcement.mechanism == EXCLUSIVE:
@@ -116,6 +131,8 @@ def gpu_environment(
     g = gpus[0]
     limit = g.memory_limit_mib
     env.update({GPU_FRACTION_ENV: f"{g.milli / 1000:.3f}", GPU_MEMORY_LIMIT_MIB_ENV: str(limit)})
+    if enforcement.mechanism == MIG:
+        return env, enforcement  # CUDA_VISIBLE_DEVICES=MIG-<uuid>: the hardware enforces it
     if enforcement.mechanism == MPS:
         env.update(
             CUDA_MPS_PIPE_DIRECTORY=mps_pipe_directory,

@@ -330,7 +330,9 @@ class GPUSpawnerMixin(Configurable):
         out = []
         for share in placement.gpus:
             gpu = capacity.gpu_by_uuid(share.uuid)
-            out.append(AssignedGPU(share.uuid, gpu.model, gpu.memory_mib, share.milli))
+            out.append(
+                AssignedGPU(share.uuid, gpu.model, gpu.memory_mib, share.milli, gpu.mig_profile)
+            )
         return out
 
     def inventory_environment(self, placement: Placement) -> dict[str, str]:

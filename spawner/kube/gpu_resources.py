@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab.hub.inventory import MIG_PROFILES_BY_MEMORY_GB
 from gpulab.spawner.environment import CPU_ONLY, EXCLUSIVE
 from gpulab.spawner.names import (
     GPU_DEVICE_MEMORY_MIB_ENV,
@@ -42,15 +43,6 @@ ISOLATION = {
     HAMI: "HAMi: memory and compute limits enforced by HAMi's CUDA interposer; other users of the GPU share its fault domain.",
     TIME_SLICING: "Time-sliced GPU: turns on a shared GPU with no memory or fault isolation.",
     "cpu": "No GPU.",
-}
-
-#: MIG profiles per GPU memory size: (compute slices out of 7, memory GB), smallest first
-MIG_PROFILES_BY_MEMORY_GB: dict[int, list[tuple[int, int]]] = {
-    40: [(1, 5), (2, 10), (3, 20), (4, 20), (7, 40)],
-    80: [(1, 10), (2, 20), (3, 40), (4, 40), (7, 80)],
-    94: [(1, 12), (2, 24), (3, 47), (4, 47), (7, 94)],
-    141: [(1, 18), (2, 35), (3, 71), (4, 71), (7, 141)],
-    24: [(1, 6), (2, 12), (4, 24)],  # A30
 }
 
 

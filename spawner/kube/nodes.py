@@ -20,14 +20,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpulab.hub.allocator import GPU, MILLI, Inventory, Node
-from gpulab.hub.inventory import KNOWN_MODELS
-from gpulab.spawner.kube.gpu_resources import (
-    HAMI,
-    MIG,
-    MIG_PROFILES_BY_MEMORY_GB,
-    TIME_SLICING,
-    model_from_product,
-)
+from gpulab.hub.inventory import KNOWN_MODELS, PART_MAX_MILLI, mig_instance_milli
+from gpulab.spawner.kube.gpu_resources import HAMI, MIG, TIME_SLICING, model_from_product
 from gpulab.spawner.kube.quantities import cpu_milli, memory_mib, quantity_int
 from gpulab.spawner.names import (
     GPU_COUNT_LABEL,
@@ -44,23 +38,12 @@ from gpulab.spawner.names import (
     SIMULATED_NODE_ANNOTATION,
 )
 
-#: the most a part of a GPU holds: a device below a whole GPU never serves whole-GPU requests
-PART_MAX_MILLI = MILLI - 1
-
 
 def node_is_ready(node: Mapping[str, Any]) -> bool:
     for cond in (node.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
             return bool(cond.get("status") == "True")
     return False
-
-
-def mig_instance_milli(profile: str, gpu_memory_mib: int) -> int:
-    """The part of its GPU a MIG instance is, by memory ('2g.20gb' of 80 GB: 250)."""
-    mem_gb = int(profile.split(".")[1].removesuffix("gb"))
-    # MIG names memory in the GPU's nominal GB (an H200's 140.4 GiB is "141gb")
-    gpu_gb = min(MIG_PROFILES_BY_MEMORY_GB, key=lambda gb: abs(gb - gpu_memory_mib / 1024))
-    return max(1, min(PART_MAX_MILLI, round(MILLI * mem_gb / gpu_gb)))
 
 
 def hami_devices(annotations: Mapping[str, str]) -> list[tuple[str, int, int]]:

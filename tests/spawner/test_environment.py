@@ -116,3 +116,16 @@ def test_caps_hook_does_nothing_without_a_fractional_share(tmp_path):
     ).stdout
     assert out.strip() == "False"
     assert CAPS_HOOK_DIR.endswith("gpu_caps")
+
+
+def test_a_mig_instance_is_handed_out_by_its_uuid_and_enforced_by_the_hardware():
+    instance = AssignedGPU("MIG-4b1e3c2a-0000", "A100-SXM4-80GB", 20480, 250, "2g.20gb")
+    env, enf = gpu_environment([instance])
+    assert env["CUDA_VISIBLE_DEVICES"] == "MIG-4b1e3c2a-0000"  # never the parent GPU
+    assert enf.mechanism == "mig" and "hardware holds you to 20480 MiB" in enf.isolation
+    assert env["GPULAB_GPU_MEMORY_LIMIT_MIB"] == "20480" and env["GPULAB_GPU_FRACTION"] == "0.250"
+    assert env["GPULAB_GPU_MODEL"] == "A100-SXM4-80GB MIG 2g.20gb"
+    assert "GPULAB_CAPS_HOOK" not in env and "CUDA_MPS_PIPE_DIRECTORY" not in env
+    # MPS on the machine changes nothing for a MIG instance
+    _, with_mps = gpu_environment([instance], mps_pipe_directory="/run/mps")
+    assert with_mps.mechanism == "mig"

@@ -12,8 +12,9 @@ import pytest
 
 from gpulab.devcluster.spec import NodeSpec, capacity, node_manifest
 from gpulab.hub.allocator import Allocator, NoCapacity, Request
+from gpulab.hub.inventory import mig_instance_milli
 from gpulab.spawner.kube.gpu_resources import model_from_product
-from gpulab.spawner.kube.nodes import inventory_from_nodes, mig_instance_milli, node_from_k8s
+from gpulab.spawner.kube.nodes import inventory_from_nodes, node_from_k8s
 
 
 def k8s_node(spec: NodeSpec) -> dict[str, Any]:
