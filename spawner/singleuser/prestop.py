@@ -36,9 +36,9 @@ def kernel_pids(service_prefix: str, proc: Path = Path("/proc")) -> list[int]:
     return found
 
 
-def _running(pid: int) -> bool:
+def _running(pid: int, proc: Path = Path("/proc")) -> bool:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = (proc / str(pid) / "stat").read_text()
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # an exited child not yet reaped is done
@@ -48,11 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=50.0, help="seconds to wait for the saves")
     parser.add_argument("--prefix", default=os.environ.get("JUPYTERHUB_SERVICE_PREFIX", ""))
+    parser.add_argument(
+        "--proc", type=Path, default=Path("/proc"), help="the process table to look in (tests)"
+    )
     args = parser.parse_args(argv)
     if not args.prefix:
         print("gpulab prestop: no JUPYTERHUB_SERVICE_PREFIX; nothing to do")
         return 0
-    pids = kernel_pids(args.prefix)
+    pids = kernel_pids(args.prefix, args.proc)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     alive = set(pids)
     while alive and time.monotonic() < deadline:
         time.sleep(0.2)
-        alive = {p for p in alive if _running(p)}
+        alive = {p for p in alive if _running(p, args.proc)}
     print(f"gpulab prestop: {len(pids) - len(alive)} of {len(pids)} kernels saved and exited")
     return 0
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
+from pathlib import Path
 
 from gpulab.spawner.singleuser.prestop import kernel_pids, main
 
@@ -27,11 +29,19 @@ def _kernel(prefix: str) -> subprocess.Popen:
     return proc
 
 
-def test_prestop_terminates_only_this_servers_kernels_and_waits_for_them():
-    ours, theirs = _kernel("/user/alice/"), _kernel("/user/bob/")
+def test_prestop_terminates_only_this_servers_kernels_and_waits_for_them(tmp_path: Path):
+    # a process table of this test's own processes (links to their /proc entries), and prefixes
+    # no other server on the machine has: whatever else runs here cannot be found or signalled
+    tag = uuid.uuid4().hex[:8]
+    mine, other = f"/user/prestop-{tag}/", f"/user/prestop-other-{tag}/"
+    ours, theirs = _kernel(mine), _kernel(other)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    for p in (ours, theirs):
+        (proc / str(p.pid)).symlink_to(f"/proc/{p.pid}")
     try:
-        assert kernel_pids("/user/alice/") == [ours.pid]
-        assert main(["--prefix", "/user/alice/", "--timeout", "10"]) == 0
+        assert kernel_pids(mine, proc) == [ours.pid]
+        assert main(["--prefix", mine, "--timeout", "10", "--proc", str(proc)]) == 0
         assert ours.wait(5) == 7  # its SIGTERM handler ran (the checkpoint extension's hook point)
         assert theirs.poll() is None
     finally:
