@@ -315,13 +315,17 @@ class ClusterState:
         """Every GPU position (duplicates included) a fractional ``shape`` fits on."""
         cls = self.classes[sig[0]]
         models = shape[4]
-        return [
-            p
+        fits = [
+            (take, p)
             for p, f in enumerate(sig[3])
             if (take := cls.take(p, shape[3]))
             and f >= take
             and (not models or cls.models[p] in models)
         ]
+        if cls.steps is not None and fits:  # only the smallest slices that hold it, as options()
+            least = min(t for t, _ in fits)
+            return [p for t, p in fits if t == least]
+        return [p for _, p in fits]
 
     def shares_for(self, i: int, shape: Shape, option: tuple[int, ...]) -> list[tuple[int, int]]:
         """Translate canonical positions into ``(gpu index, milli)`` shares on node i."""
