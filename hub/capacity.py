@@ -74,8 +74,11 @@ def _gpus_to_milli(value: Any, field_name: str) -> int:
         raise ProfileError(f"{field_name}: expected a number of GPUs, got {value!r}")
     try:
         amount = Fraction(value) if not isinstance(value, str) else Fraction(value.strip())
-    except (ValueError, ZeroDivisionError, TypeError):
-        raise ProfileError(f"{field_name}: {value!r} is not a number of GPUs") from None
+    except (ValueError, ZeroDivisionError, TypeError, OverflowError):  # nan, inf, 'x', [..]
+        raise ProfileError(
+            f"{field_name}: {value!r} is not a number of GPUs (e.g. 2, 1.5 or '3/8'; "
+            "None for no limit)"
+        ) from None
     if amount < 0:
         raise ProfileError(f"{field_name}: {value!r} is negative")
     milli = amount * MILLI_PER_GPU

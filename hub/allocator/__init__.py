@@ -22,6 +22,7 @@ from .allocator import DEFAULT_POLICY, UNBOUNDED, Allocator, StaleAllocation
 from .errors import (
     AllocationError,
     AlreadyAllocated,
+    InvalidQuota,
     InvalidRequest,
     NoCapacity,
     QuotaExceeded,
@@ -56,6 +57,7 @@ __all__ = [
     "Allocator",
     "AlreadyAllocated",
     "GpuShare",
+    "InvalidQuota",
     "InvalidRequest",
     "Inventory",
     "MemoryStore",

@@ -15,6 +15,10 @@ class InvalidRequest(AllocationError):
     """The request itself is malformed (negative values, both whole and fractional GPUs, ...)."""
 
 
+class InvalidQuota(AllocationError, ValueError):
+    """A budget is not an int of milli-GPU >= 0 (nan, inf, a float, a bool...); names the field."""
+
+
 class NoCapacity(AllocationError):
     """No node can take the request right now (or ever, when the reason says so)."""
 

@@ -158,10 +158,21 @@ class Request:
     affinity_group: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "groups", frozenset(self.groups))
-        object.__setattr__(self, "gpu_models", frozenset(self.gpu_models))
         if not self.id:
             raise InvalidRequest("A request needs a non-empty id (e.g. 'alice/gpu-server').")
+        for name in ("gpu_models", "groups"):
+            raw = getattr(self, name)
+            if isinstance(raw, str | bytes):  # frozenset("A100") would be {"A", "1", "0"}
+                raise InvalidRequest(
+                    f"Request {self.id!r}: {name} must be a set of names, not the string "
+                    f"{raw!r}; write frozenset({{{raw!r}}})."
+                )
+            values = frozenset(raw)
+            if not all(isinstance(v, str) and v for v in values):
+                raise InvalidRequest(
+                    f"Request {self.id!r}: {name} must hold non-empty strings, got {raw!r}."
+                )
+            object.__setattr__(self, name, values)
         for name in ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

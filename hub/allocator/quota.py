@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .errors import QuotaExceeded
+from .errors import InvalidQuota, QuotaExceeded
 from .model import Placement, Request
 from .units import fmt_gpus
 
@@ -27,15 +27,19 @@ class Quota:
     allow_preemptible_over_quota: bool = True
 
     def __post_init__(self) -> None:
+        # exact ints only: a nan compares false with everything (it would switch the quota off),
+        # a float or Fraction would make every budget check inexact or raise later in place()
         for kind, table in (("users", self.users), ("groups", self.groups)):
+            if not isinstance(table, Mapping):
+                raise InvalidQuota(f"Quota.{kind} must map names to milli-GPU, got {table!r}")
             for key, value in table.items():
-                if not isinstance(value, int) or value < 0:
-                    raise ValueError(
-                        f"Quota.{kind}[{key!r}] must be an int of milli-GPU >= 0, got {value!r}"
-                    )
-        if self.default_user_milli is not None and self.default_user_milli < 0:
-            raise ValueError(
-                f"Quota.default_user_milli must be >= 0, got {self.default_user_milli!r}"
+                _check_milli(f"Quota.{kind}[{key!r}]", value)
+        if self.default_user_milli is not None:
+            _check_milli("Quota.default_user_milli", self.default_user_milli)
+        if not isinstance(self.allow_preemptible_over_quota, bool):
+            raise InvalidQuota(
+                "Quota.allow_preemptible_over_quota must be True or False, "
+                f"got {self.allow_preemptible_over_quota!r}"
             )
         object.__setattr__(self, "users", MappingProxyType(dict(self.users)))
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
@@ -43,6 +47,14 @@ class Quota:
     def user_limit(self, owner: str) -> int | None:
         """The user's budget in milli-GPU, or None when unlimited."""
         return self.users.get(owner, self.default_user_milli)
+
+
+def _check_milli(field_name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidQuota(
+            f"{field_name} must be an int of milli-GPU >= 0 (1000 = one GPU; None for no limit), "
+            f"got {value!r}"
+        )
 
 
 class QuotaLedger:

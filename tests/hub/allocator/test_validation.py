@@ -1,0 +1,90 @@
+"""The allocator's inputs are checked where they enter: a bad budget or model list is a typed
+error naming the field, never a quota silently switched off or an untyped error at place()."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpulab.hub.allocator import (
+    Allocator,
+    InvalidQuota,
+    InvalidRequest,
+    Inventory,
+    Quota,
+    QuotaExceeded,
+    Request,
+)
+from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.profiles import ProfileError
+from tests.hub.allocator.conftest import make_node
+
+BAD_BUDGETS = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    1.5,
+    250.0,  # a float, even a whole one: milli are ints
+    Fraction(1, 2),
+    Fraction(250),
+    True,
+    -1,
+    "250",
+]
+bad_budget = st.sampled_from(BAD_BUDGETS) | st.floats() | st.integers(max_value=-1)
+
+
+@pytest.mark.parametrize("value", BAD_BUDGETS)
+def test_a_bad_default_budget_is_refused_naming_the_field(value):
+    with pytest.raises(InvalidQuota, match=r"Quota\.default_user_milli must be an int"):
+        Quota(default_user_milli=value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=bad_budget, kind=st.sampled_from(["users", "groups"]))
+def test_any_bad_budget_in_a_table_is_refused_naming_the_key(value, kind):
+    with pytest.raises(InvalidQuota, match=rf"Quota\.{kind}\['x'\]"):
+        Quota(**{kind: {"x": value}})
+    assert issubclass(InvalidQuota, ValueError)  # callers catching ValueError still do
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    budget=st.integers(0, 4000),
+    asks=st.lists(st.sampled_from([125, 250, 500, 1000, 2000]), max_size=20),
+)
+def test_a_finite_budget_is_never_exceeded_and_refusals_are_typed(budget, asks):
+    alloc = Allocator(Inventory([make_node("n", gpus=8)]), quota=Quota(default_user_milli=budget))
+    for i, milli in enumerate(asks):
+        req = Request(
+            f"u/{i}",
+            owner="u",
+            num_gpu=milli // 1000,
+            gpu_milli=milli % 1000 if milli < 1000 else 0,
+        )
+        with contextlib.suppress(QuotaExceeded):
+            alloc.place(req)
+        assert alloc.usage_milli("u") <= budget
+        assert alloc.quota_left_milli("u", frozenset()) == budget - alloc.usage_milli("u")
+
+
+def test_a_model_list_given_as_a_string_is_refused_not_split_into_letters():
+    with pytest.raises(InvalidRequest, match=r"gpu_models must be a set of names.*'A100'"):
+        Request("u/1", gpu_milli=250, gpu_models="A100")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="groups must be a set of names"):
+        Request("u/1", groups="staff")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="non-empty strings"):
+        Request("u/1", gpu_models={"A100", ""})
+    assert Request("u/1", gpu_models=["A100"]).gpu_models == frozenset({"A100"})
+
+
+@pytest.mark.parametrize("value", [math.inf, "inf", math.nan, "nan", -1, "x", [1]])
+def test_the_hubs_quota_options_name_themselves(value):
+    # inf used to stop the hub with a bare OverflowError naming no option
+    with pytest.raises(ProfileError, match="GPUCapacity.default_user_quota_gpus"):
+        GPUCapacity(default_user_quota_gpus=value)._quota()  # what the hub builds at start
