@@ -12,6 +12,7 @@ on a neighbour's device, is over at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 #: GPU uuid -> {pid: used MiB}
 MemorySample = dict[str, dict[int, int]]
@@ -32,25 +33,60 @@ class ProcessMemorySource(Protocol):
 
 
 class NvmlProcessMemory:
-    """Per-process GPU memory from the NVIDIA driver."""
+    """Per-process GPU memory from the NVIDIA driver, per device a server can hold: a GPU, or
+    each MIG instance of a MIG-enabled GPU (its processes are the instance's, not the parent's).
+
+    NVML is initialised on the first sample and shut down by close(), not once per sample: an
+    init walks every GPU, and the watchdog samples every few seconds for the hub's lifetime."""
 
     label = "nvml"
 
-    def sample(self) -> MemorySample:
-        import pynvml
+    def __init__(self) -> None:
+        self._nvml: Any = None
 
-        pynvml.nvmlInit()
-        try:
-            out: MemorySample = {}
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                uuid = pynvml.nvmlDeviceGetUUID(handle)
-                uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    def _init(self) -> Any:
+        if self._nvml is None:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        return self._nvml
+
+    def sample(self) -> MemorySample:
+        nv = self._init()
+        out: MemorySample = {}
+        for i in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            devices = [handle]
+            try:
+                mig_on = nv.nvmlDeviceGetMigMode(handle)[0] == nv.NVML_DEVICE_MIG_ENABLE
+            except nv.NVMLError:  # NotSupported: not MIG-capable
+                mig_on = False
+            if mig_on:
+                devices = []
+                for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                    try:
+                        devices.append(nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+                    except nv.NVMLError:  # NotFound: an empty slot
+                        continue
+            for device in devices:
+                uuid = _text(nv.nvmlDeviceGetUUID(device))
+                try:
+                    procs = nv.nvmlDeviceGetComputeRunningProcesses(device)
+                except nv.NVMLError:  # NotSupported on some devices: nothing to attribute
+                    procs = []
                 out[uuid] = {p.pid: int((p.usedGpuMemory or 0) // (1024 * 1024)) for p in procs}
-            return out
-        finally:
-            pynvml.nvmlShutdown()
+        return out
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            nv, self._nvml = self._nvml, None
+            with contextlib.suppress(nv.NVMLError):
+                nv.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class SimulatedProcessMemory:
@@ -181,6 +217,14 @@ class GPUMemoryWatchdog:
         return actions
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        finally:
+            close = getattr(self.source, "close", None)
+            if close is not None:  # NVML stays initialised only while something is watched
+                close()
+
+    async def _loop(self) -> None:
         while self._watched:
             try:
                 sample = await asyncio.to_thread(self.source.sample)

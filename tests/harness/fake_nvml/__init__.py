@@ -19,9 +19,12 @@ FOLDER = Path(__file__).parent
 
 
 def _load() -> ModuleType:
+    """A fresh copy of the fake, registered as sys.modules["pynvml"] (its dataclasses need it
+    there while the module runs)."""
     spec = importlib.util.spec_from_file_location("pynvml", FOLDER / "pynvml.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["pynvml"] = module
     spec.loader.exec_module(module)
     return module
 
@@ -29,10 +32,9 @@ def _load() -> ModuleType:
 @contextlib.contextmanager
 def installed(machine: dict[str, Any] | None) -> Iterator[ModuleType]:
     """`import pynvml` returns the fake over `machine` (None: no driver) inside the block."""
+    saved = sys.modules.get("pynvml")
     fake = _load()
     fake.load_machine(machine)
-    saved = sys.modules.get("pynvml")
-    sys.modules["pynvml"] = fake
     try:
         yield fake
     finally:
