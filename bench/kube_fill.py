@@ -35,7 +35,7 @@ STOCK_LIMITS = {
     "time-slicing": {"nvidia.com/gpu.shared": "1"},
     "hami": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "5758", "nvidia.com/gpucores": "13"},
 }
-STOCK_START_TIMEOUT = 40
+STOCK_START_TIMEOUT = 90
 
 
 def stock_overlay(sharing: str, node: str) -> Config:
@@ -61,29 +61,31 @@ def stock_overlay(sharing: str, node: str) -> Config:
 
 
 def fill_stock(hub: Hub, cluster: DevCluster, sharing: str, slots: int, extra: int) -> FillResult:
-    """The anchor: every spawn is accepted; count the servers that come up and the pods that
-    stay Pending while they do."""
+    """The anchor: every spawn is accepted; count the servers that come up and the pods the
+    scheduler leaves Pending (unschedulable) while they do."""
     result = FillResult(sharing, "extra_resource_limits", slots, slots + extra)
     users = [f"st{sharing.replace('-', '')[:4]}{i}" for i in range(slots + extra)]
     for user in users:
         hub.create_user(user)
     with concurrent.futures.ThreadPoolExecutor(len(users)) as pool:
         codes = list(pool.map(lambda u: hub.spawn(u).status_code, users))
-    deadline = time.monotonic() + STOCK_START_TIMEOUT - 5
-    while time.monotonic() < deadline:
-        ready = [u for u in users if (hub.server_model(u) or {}).get("ready")]
-        if len(ready) >= slots:
-            break
-        time.sleep(1)
-    result.started = [u for u in users if (hub.server_model(u) or {}).get("ready")]
     for user, code in zip(users, codes, strict=True):
         if code not in (201, 202):
             result.refused[user] = str(code)
-    for pod in placed_pods_any(cluster, users):
-        if (pod.get("status") or {}).get("phase") == "Pending":
-            result.pending_pods.append(pod["metadata"]["name"])
-    # a pending spawn was accepted: it is admitted beyond the devices though nothing runs yet
-    result.started += [u for u in users if u not in result.started and u not in result.refused]
+    unschedulable: set[str] = set()
+    deadline = time.monotonic() + STOCK_START_TIMEOUT - 10
+    while time.monotonic() < deadline:
+        for pod in placed_pods_any(cluster, users):
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            if any(c.get("reason") == "Unschedulable" for c in conditions):
+                unschedulable.add(pod["metadata"]["name"])
+        ready = [u for u in users if (hub.server_model(u) or {}).get("ready")]
+        if len(ready) >= slots and len(unschedulable) >= len(users) - len(ready):
+            break
+        time.sleep(1)
+    result.pending_pods = sorted(unschedulable)
+    # a spawn the hub accepted is admitted, whether its pod runs or waits
+    result.started = [u for u in users if u not in result.refused]
     return result
 
 
