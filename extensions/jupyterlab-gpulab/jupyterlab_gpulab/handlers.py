@@ -156,6 +156,15 @@ class MonitorWebSocket(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
     subscriber = None
 
+    @property
+    def ping_interval(self) -> int:
+        """No keep-alive pings on this socket: the browser's pong to each one crosses the
+        proxy, and configurable-http-proxy counts every frame a client sends as activity of the
+        server, so an open panel would keep an idle server from JupyterHub's culler forever. The
+        samples this socket pushes every period keep the connection alive instead (a vanished
+        client fails the next write)."""
+        return 0
+
     def set_default_headers(self) -> None:
         """No JupyterHandler page headers on a websocket upgrade."""
 

@@ -1,0 +1,89 @@
+"""An open GPU panel is not activity: through the real hub and proxy, a panel's websocket that
+receives figures for longer than the idle timeout leaves the server's last_activity where it was,
+and JupyterHub's idle culler stops the server anyway.
+
+configurable-http-proxy counts every frame a client sends through a route as activity of that
+server, pongs included, and the hub copies the route's last activity into the server's. The
+monitor socket therefore sends no keep-alive pings (jupyter_server's sockets ping every 30 s),
+and the panel sends nothing. A client that does send frames, beside it, shows that the test
+would see such activity."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import WebSocketClientConnection, websocket_connect
+from traitlets.config import Config
+
+from tests.harness.labserver import EXTENSION_SRC
+from tests.harness.wait import wait_for
+
+CULL_SECONDS = 12
+
+
+def _last_activity(hub: Any, user: str) -> datetime | None:
+    stamp = (hub.server_model(user) or {}).get("last_activity")
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
+
+
+async def _panel(hub: Any, user: str) -> WebSocketClientConnection:
+    url = hub.url.replace("http://", "ws://") + f"/user/{user}/gpulab/monitor/ws?rate_hz=4"
+    ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {hub.token}"}))
+    hello = json.loads(await ws.read_message())
+    assert hello["type"] == "hello" and hello["devices"]
+    return ws
+
+
+async def test_an_open_gpu_panel_does_not_keep_a_server_from_the_culler(
+    make_hub, tmp_path: Path, monkeypatch
+):
+    config = tmp_path / "jupyter-config"
+    (config / "jupyter_server_config.d").mkdir(parents=True)
+    (config / "jupyter_server_config.d" / "jupyterlab_gpulab.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyterlab_gpulab": True}}})
+    )
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps({"GPUMonitor": {"period_seconds": 0.25}})
+    )
+    for path in (tmp_path, config, config / "jupyter_server_config.d"):
+        path.chmod(0o755)  # the servers run as their users' own accounts
+    overlay = Config(GPUCapacity={"declared_inventory": "1 x A100-SXM4-80GB"})
+    overlay.Spawner.environment.update(
+        {"PYTHONPATH": str(EXTENSION_SRC), "JUPYTER_CONFIG_PATH": str(config)}
+    )
+    hub = make_hub(overlay, env={"GPULAB_CULL_IDLE_SECONDS": str(CULL_SECONDS)})
+    for user in ("ida", "jo"):
+        hub.create_user(user)
+        hub.start_server(user, profile="gpu-eighth")
+    pings: list[bytes] = []  # the client answers pings with pongs, as browsers do
+    monkeypatch.setattr(WebSocketClientConnection, "on_ping", lambda self, d: pings.append(d))
+    silent, chatty = await _panel(hub, "ida"), await _panel(hub, "jo")
+    frames, started, gone = 0, time.monotonic(), False
+    try:
+        await asyncio.sleep(3)  # whatever the handshakes counted has reached the hub by now
+        settled = {u: _last_activity(hub, u) for u in ("ida", "jo")}
+        while time.monotonic() - started < 4 * CULL_SECONDS and hub.server_model("ida"):
+            message = await asyncio.wait_for(silent.read_message(), 5)
+            if message is None:  # the server went away with the panel open
+                gone = True
+                break
+            frames += 1
+            await chatty.write_message("typing")  # what a user at work sends
+            await asyncio.sleep(0.2)
+            assert _last_activity(hub, "ida") == settled["ida"], "the open panel was activity"
+    finally:
+        silent.close()
+        chatty.close()
+    gone = gone or hub.server_model("ida") is None
+    assert gone, f"ida's server was still up after {4 * CULL_SECONDS} s with only a panel open"
+    assert frames >= 5 and not pings  # figures all along, and never a ping to answer
+    wait_for(
+        "the culler to finish stopping ida's server", lambda: hub.server_model("ida") is None, 30
+    )
+    assert _last_activity(hub, "jo") > settled["jo"]  # the other client's frames did count
