@@ -364,3 +364,26 @@ async def test_a_user_cannot_read_another_users_checkpoint_key_or_home(ws_hub, c
 async def test_the_kube_backend_keeps_the_workspace_contract(ws_hub):
     # the scenario tests/spawner/workspaces/test_contract.py runs on the local backend
     await check_workspace_contract(ws_hub, "dora", profile="cpu")
+
+
+async def test_the_termination_save_alone_brings_back_the_last_cell_after_a_preemption(
+    make_hub, cluster
+):
+    # per-cell saves off in the pod (a 0 MB incremental limit): only the save the kernel makes on
+    # SIGTERM, which the pod's preStop hook sends before the eviction, can carry `last` over
+    overlay = merged(KUBE_WORKSPACE_OVERLAY, Config())
+    overlay.Spawner.environment.update({"GPULAB_CHECKPOINT_INCREMENTAL_MB": "0"})
+    hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name="final-save")
+    hub.create_user("pia")
+    hub.create_user("dan")
+    hub.start_server("pia", profile="a100-spot-8")
+    assert _env_of(placed_pod_of(cluster, "pia"))["GPULAB_CHECKPOINT_INCREMENTAL_MB"] == "0"
+    cell = "epoch = 7\nlast = 'set in the last cell before eviction'\nprint('ok')"
+    assert "ok" in await run_in_kernel(hub, "pia", cell, keep_kernel=True)
+    hub.start_server("dan", profile="a100-1")  # on demand: evicts pia's preemptible server
+    wait_for("the preempted server to be gone", lambda: hub.server_model("pia") is None, 60)
+    hub.stop_server("dan")
+    hub.start_server("pia", profile="a100-spot-8")
+    out = await run_in_kernel(hub, "pia", "print(epoch, '|', last)")
+    assert "7 | set in the last cell before eviction" in out
+    hub.stop_server("pia")
