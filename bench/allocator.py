@@ -4,8 +4,15 @@
     .venv/bin/python -m bench.allocator --quick    # 3 seeds, fewer ILP instances
 
 Prints one table; the last line is machine-readable:
-``default=<x> gpushare40=<x> multigpu50=<x> gpuspec33=<x> bestfit_default=<x> p99_ms=<x>``.
-Method: see ``bench/_openb.py`` (sampling, measurement) and ``bench/_ilp.py`` (optimality).
+``default=<x> gpushare40=<x> multigpu50=<x> gpuspec33=<x> bestfit_default=<x> p99_ms=<x>
+online_default=<x> churn_alloc_vs_fgd=<x>``.
+The headline row is the shipped configuration: the default policy as the hub builds it, learning
+the task mix online from the requests it sees; the row beside it is the same policy handed the
+trace's whole mix in advance (what the FGD paper's method assumes), which the first five figures
+of the last line report. Then a churn replay (``bench/_churn.py``): pods arrive and leave by the
+trace's own times on a contended slice of its nodes, the shipped policy against best-fit and
+gpulab's FGD replica. Method: ``bench/_openb.py`` (sampling, measurement), ``bench/_ilp.py``
+(optimality).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from gpulab.hub.allocator.openb import TracePod, load_openb_nodes
 from gpulab.hub.allocator.policies import FGD, GpulabPolicy
 from gpulab.hub.allocator.workload import TaskType, typical_tasks
 
-from . import _ilp
+from . import _churn, _ilp
 from ._openb import SEEDS, WORKLOADS, node_csv, pods_of, published_mean, sample_pods
 from ._sim import Run, replay
 
@@ -36,7 +43,13 @@ def workload_tasks(pods: Sequence[TracePod], with_memory: bool) -> tuple[TaskTyp
     )
 
 
+#: the default policy exactly as the hub builds it: no task mix given, learnt online
+SHIPPED = "shipped"
+
+
 def make_policy(name: str, pods: Sequence[TracePod], seed: int) -> Callable[[], Policy]:
+    if name == SHIPPED:
+        return lambda: get_policy(DEFAULT_POLICY, seed)
     if name == GpulabPolicy.name:
         tasks = workload_tasks(pods, with_memory=True)
         return lambda: GpulabPolicy(seed=seed, workload=tasks)
@@ -102,6 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--ilp", type=int, default=None, help="ILP instances (default 5, quick 2; 0 = skip)"
     )
     ap.add_argument("--ilp-seconds", type=float, default=None, help="HiGHS time limit per instance")
+    ap.add_argument(
+        "--churn-pressure",
+        type=float,
+        default=1.3,
+        help="peak concurrent demand / capacity of the churn replay's node slice (default 1.3)",
+    )
     args = ap.parse_args(argv)
     n_seeds = args.seeds or (3 if args.quick else len(SEEDS))
     seeds = SEEDS[:n_seeds]
@@ -130,7 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     placed_ns = 0
     decisions = 0
     fgd_ours: dict[str, float] = {}
+    shipped: dict[str, float] = {}
     for w in WORKLOADS:
+        if args.policy == DEFAULT_POLICY:
+            shipped[w] = mean_at_100(run_policy(inv, w, SHIPPED, seeds))
         runs = run_policy(inv, w, args.policy, seeds)
         results[w] = mean_at_100(runs)
         for r in runs:
@@ -152,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out.write(f"| {'policy':<34} | " + " | ".join(f"{w:>10}" for w in WORKLOADS) + " |\n")
     out.write(f"|{'-' * 36}|" + "|".join("-" * 12 for _ in WORKLOADS) + "|\n")
-    out.write(row(f"**{args.policy}** (ours)", results))
+    if shipped:
+        out.write(row(f"**{args.policy}, shipped** (mix learnt online)", shipped))
+    out.write(row(f"{args.policy} (trace's mix given)", results))
     out.write(row("FGD, published", fgd_pub))
     out.write(
         row(
@@ -205,10 +229,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(best-fit {gap('bestfit', 'ilp'):.2f} %), at most {gap('online', 'bound'):.2f} % below the "
             f"proven upper bound\n"
         )
+    # 5. churn: arrivals and departures by the trace's times, on a contended slice of nodes
+    sliced = _churn.cluster_slice(nodes)
+    timed = _churn.stretched(
+        _churn.timed_pods("default"), sliced.total_gpu_milli, args.churn_pressure
+    )
+    peak = _churn.peak_demand(timed)
+    pods = pods_of("default")
+    churn = [
+        _churn.replay_churn(sliced, timed, make_policy(name, pods, 0), label)
+        for name, label in (
+            (SHIPPED, f"{DEFAULT_POLICY}, shipped"),
+            ("best-fit", "best-fit"),
+            ("fgd", "FGD, gpulab's replica"),
+        )
+    ]
+    out.write(
+        f"\nchurn replay (default trace, {len(timed)} GPU pods arriving and leaving by the "
+        f"trace's times, run times stretched to a peak demand of {peak / 1000:.0f} GPUs on "
+        f"{sliced.total_gpus}: {len(sliced)} of {len(nodes)} nodes, every 4th of each model):\n"
+    )
+    out.write("\n".join(_churn.summary(churn)) + "\n")
+    churn_gap = churn[0].mean_ratio - churn[2].mean_ratio
     out.write(f"({time.perf_counter() - started:.0f} s)\n")
     out.write(
         " ".join(f"{w}={results[w]:.2f}" for w in WORKLOADS)
-        + f" bestfit_default={calib['best-fit']:.2f} p99_ms={p99:.3f}\n"
+        + f" bestfit_default={calib['best-fit']:.2f} p99_ms={p99:.3f}"
+        + (f" online_default={shipped['default']:.2f}" if shipped else "")
+        + f" churn_alloc_vs_fgd={churn_gap:+.2f}\n"
     )
     return 0 if ok else 1
 
