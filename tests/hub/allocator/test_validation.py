@@ -12,17 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpulab.hub.allocator import (
+    GPU,
     Allocator,
     InvalidQuota,
     InvalidRequest,
     Inventory,
+    Node,
     Quota,
     QuotaExceeded,
     Request,
 )
 from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.profiles import ProfileError
-from tests.hub.allocator.conftest import make_node
 
 BAD_BUDGETS = [
     math.nan,
@@ -59,7 +60,8 @@ def test_any_bad_budget_in_a_table_is_refused_naming_the_key(value, kind):
     asks=st.lists(st.sampled_from([125, 250, 500, 1000, 2000]), max_size=20),
 )
 def test_a_finite_budget_is_never_exceeded_and_refusals_are_typed(budget, asks):
-    alloc = Allocator(Inventory([make_node("n", gpus=8)]), quota=Quota(default_user_milli=budget))
+    node = Node("n", 64_000, 262_144, tuple(GPU(f"n-{i}", "A100", index=i) for i in range(8)))
+    alloc = Allocator(Inventory([node]), quota=Quota(default_user_milli=budget))
     for i, milli in enumerate(asks):
         req = Request(
             f"u/{i}",
