@@ -1,7 +1,8 @@
 """Fill each sharing backend of a dev-cluster node through a spawner and count over-admission.
 
-For MIG instances, time-slicing replicas and HAMi splits, `slots + 2` users spawn at once a
-server that asks for one share, against a node whose devices hold `slots` of them. A spawner
+For MIG instances, time-slicing replicas and HAMi splits, `slots + 2` users spawn a server that
+asks for one share (gpulab's one after another; the anchor's at once, since it queues nothing),
+against a node whose devices hold `slots` of them. A spawner
 over-admits when it accepts a spawn that no device can hold: the pod is created and stays
 Pending until the start times out. gpulab's GPUKubeSpawner places against the node's devices
 and refuses the extra spawns with a 409 before any pod exists; the anchor, stock KubeSpawner

