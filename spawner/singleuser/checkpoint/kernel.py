@@ -5,7 +5,7 @@ Load it with `%load_ext gpulab.spawner.singleuser.checkpoint.kernel` or
 `gpulab.spawner.singleuser.checkpoint.environment.prepare_home` writes into the user's IPython profile).
 
 - after each cell, once the kernel is idle, changed variables are saved (incremental), unless more
-  than GPULAB_CHECKPOINT_INCREMENTAL_MB changed;
+  than GPULAB_CHECKPOINT_INCREMENTAL_MB changed (0: no saves after cells at all);
 - on kernel shutdown (atexit) and on SIGTERM (preemption, node drain, the spawner's stop), an
   exact full save runs, then the previous SIGTERM handler (or the default: exit) takes over;
 - `%gpulab_save`, `%gpulab_restore`, `%gpulab_checkpoint` (what is saved / offered), and the same
@@ -180,6 +180,8 @@ class CheckpointExtension:
 
     def _post_run_cell(self, result: Any = None) -> None:
         self._executing = False
+        if self.checkpointer.incremental_max_bytes <= 0:
+            return  # per-cell saves off: only the final and on-demand saves write
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

@@ -366,23 +366,44 @@ async def test_the_kube_backend_keeps_the_workspace_contract(ws_hub):
     await check_workspace_contract(ws_hub, "dora", profile="cpu")
 
 
-async def test_the_termination_save_alone_brings_back_the_last_cell_after_a_preemption(
+def _keep_container_log(cluster: DevCluster, pod: dict, keep: Path) -> Path:
+    """A hard link to the server container's log on the node, which lives on after the agent
+    removes the pod's directory (the preStop hook's output goes there, as exec output does on
+    the dev cluster's node)."""
+    meta = pod["metadata"]
+    container = pod["spec"]["containers"][0]["name"]
+    pod_dir = cluster.state_dir / "agent" / "pods" / f"default_{meta['name']}_{meta['uid'][:8]}"
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    keep.unlink(missing_ok=True)
+    keep.hardlink_to(pod_dir / f"{container}.log")
+    return keep
+
+
+async def test_the_prestop_save_alone_brings_back_the_last_cell_after_a_preemption(
     make_hub, cluster
 ):
-    # per-cell saves off in the pod (a 0 MB incremental limit): only the save the kernel makes on
-    # SIGTERM, which the pod's preStop hook sends before the eviction, can carry `last` over
+    # per-cell saves off in the pod (a 0 MB incremental limit): nothing of the cell is saved
+    # until the pod stops
     overlay = merged(KUBE_WORKSPACE_OVERLAY, Config())
     overlay.Spawner.environment.update({"GPULAB_CHECKPOINT_INCREMENTAL_MB": "0"})
     hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name="final-save")
     hub.create_user("pia")
     hub.create_user("dan")
     hub.start_server("pia", profile="a100-spot-8")
-    assert _env_of(placed_pod_of(cluster, "pia"))["GPULAB_CHECKPOINT_INCREMENTAL_MB"] == "0"
-    cell = "epoch = 7\nlast = 'set in the last cell before eviction'\nprint('ok')"
-    assert "ok" in await run_in_kernel(hub, "pia", cell, keep_kernel=True)
-    hub.start_server("dan", profile="a100-1")  # on demand: evicts pia's preemptible server
-    wait_for("the preempted server to be gone", lambda: hub.server_model("pia") is None, 60)
-    hub.stop_server("dan")
+    pod = placed_pod_of(cluster, "pia")
+    assert _env_of(pod)["GPULAB_CHECKPOINT_INCREMENTAL_MB"] == "0"
+    log = _keep_container_log(cluster, pod, cluster.state_dir / "kept-logs" / "pia.log")
+    try:
+        cell = "epoch = 7\nlast = 'set in the last cell before eviction'\nprint('ok')"
+        assert "ok" in await run_in_kernel(hub, "pia", cell, keep_kernel=True)
+        hub.start_server("dan", profile="a100-1")  # on demand: evicts pia's preemptible server
+        wait_for("the preempted server to be gone", lambda: hub.server_model("pia") is None, 60)
+        hub.stop_server("dan")
+        # the preStop hook's SIGTERM made the kernel save and exit before the server itself was
+        # told to stop (the server's own kernel shutdown, which saves too, came too late for it)
+        assert "gpulab prestop: 1 of 1 kernels saved and exited" in log.read_text(), log.read_text()
+    finally:
+        log.unlink(missing_ok=True)
     hub.start_server("pia", profile="a100-spot-8")
     out = await run_in_kernel(hub, "pia", "print(epoch, '|', last)")
     assert "7 | set in the last cell before eviction" in out
