@@ -183,7 +183,7 @@ class MonitorWebSocket(WebSocketMixin, WebSocketHandler, JupyterHandler):
         await super().get(*args, **kwargs)
 
     def open(self, *args: Any, **kwargs: Any) -> None:
-        super().open()  # WebSocketMixin's keep-alive pings
+        super().open()  # WebSocketMixin's, which starts no pings here (see ping_interval)
         self.subscriber = self.monitor.subscribe(self._send, self.requested_hz)
         hello = {
             "type": "hello",
