@@ -12,18 +12,24 @@ import time
 from traitlets.config import Config
 
 
-def test_server_over_its_share_is_warned_then_stopped_and_its_share_freed(make_hub, tmp_path):
+def _watched_hub(make_hub, tmp_path, inventory: str, grace_seconds: float):
+    """A hub whose watchdog reads the SIMULATED per-process memory file it returns beside it."""
     processes = tmp_path / "simulated-gpu-processes.json"
     hub = make_hub(
         Config(
-            GPUCapacity={"declared_inventory": "1 x A100-SXM4-80GB"},
+            GPUCapacity={"declared_inventory": inventory},
             GPUSimpleLocalSpawner={
                 "simulated_gpu_processes_file": str(processes),
                 "watchdog_interval_seconds": 0.3,
-                "watchdog_grace_seconds": 2,
+                "watchdog_grace_seconds": grace_seconds,
             },
         )
     )
+    return hub, processes
+
+
+def test_server_over_its_share_is_warned_then_stopped_and_its_share_freed(make_hub, tmp_path):
+    hub, processes = _watched_hub(make_hub, tmp_path, "1 x A100-SXM4-80GB", grace_seconds=2)
     hub.create_user("alice")
     hub.create_user("bob")
     hub.start_server("alice", profile="gpu-eighth")  # a 10240 MiB share
@@ -54,17 +60,7 @@ def test_server_over_its_share_is_warned_then_stopped_and_its_share_freed(make_h
 
 
 def test_cpu_only_and_whole_gpu_servers_are_stopped_on_a_gpu_not_theirs(make_hub, tmp_path):
-    processes = tmp_path / "simulated-gpu-processes.json"
-    hub = make_hub(
-        Config(
-            GPUCapacity={"declared_inventory": "2 x A100-SXM4-80GB"},
-            GPUSimpleLocalSpawner={
-                "simulated_gpu_processes_file": str(processes),
-                "watchdog_interval_seconds": 0.3,
-                "watchdog_grace_seconds": 1,
-            },
-        )
-    )
+    hub, processes = _watched_hub(make_hub, tmp_path, "2 x A100-SXM4-80GB", grace_seconds=1)
     for user in ("cyd", "wes", "val"):
         hub.create_user(user)
     hub.start_server("cyd", profile="cpu")
