@@ -11,19 +11,24 @@ The trace's cluster is far bigger than its concurrent demand (a peak of ~66 GPUs
 its GPU pods together ask for less than the cluster has), so the replay runs on a quarter of the
 nodes, taken every 4th within each GPU model (the model mix stays the trace's), and the run times
 are stretched by one factor until the peak concurrent demand is `pressure` times that slice's
-GPUs: contended, so that policies can differ. The allocation ratio is averaged over the arrival
-window (first to last arrival), where the contention is. After a departure the scheduler tries at
-most `QUEUE_BUDGET` waiting pods (a scheduling cycle's budget; otherwise every departure would
+GPUs: contended, so that policies can differ. The trace's arrivals are back-loaded (10 % of its
+pods arrive in the first 80 % of its time), so the allocation ratio is averaged over a window the
+trace alone fixes, the same for every policy: from the first time the offered demand (every pod
+placed on arrival) reaches half the slice, to the last arrival (``contended_window``); and over
+the saturated part, from its first reaching the whole slice. After a departure the scheduler tries
+at most `QUEUE_BUDGET` waiting pods (a scheduling cycle's budget; otherwise every departure would
 retry thousands). Reported per policy: the time-weighted mean GPU allocation ratio (allocated
-milli / capacity) over the trace, its value at a few points in time, and queueing delay (median
-and p95 of the waits of the pods that were placed; pods that gave up).
+milli / capacity) over those windows, its value at a few points in time, and queueing delay
+(median and p95 of the waits of the pods that were placed; how many waited at all; pods that gave
+up).
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import heapq
-import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -43,17 +48,50 @@ class TimedPod:
 @dataclass
 class ChurnResult:
     policy: str
-    mean_ratio: float  # time-weighted mean of allocated / capacity over the trace
-    samples: list[float] = field(default_factory=list)  # ratio at 10 %, 25 %, 50 %, 75 %, 90 %
+    capacity_milli: int
+    #: (time, allocated milli from then on), one entry per change, in time order
+    steps: list[tuple[int, int]] = field(default_factory=list)
     waits: list[int] = field(default_factory=list)  # seconds waited by the pods that were placed
     gave_up: int = 0
     placed: int = 0
 
-    def wait_p(self, q: float) -> float:
-        if not self.waits:
+    def mean_ratio(self, window: tuple[int, int]) -> float:
+        """Time-weighted mean of allocated / capacity (%) over ``window``."""
+        start, end = window
+        if end <= start:
+            return self.ratio_at(start)
+        area = 0.0
+        for k, (when, used) in enumerate(self.steps):
+            until = self.steps[k + 1][0] if k + 1 < len(self.steps) else end
+            lo, hi = max(when, start), min(until, end)
+            if hi > lo:
+                area += used * (hi - lo)
+        return 100 * area / (self.capacity_milli * (end - start))
+
+    def ratio_at(self, when: int) -> float:
+        """Allocated / capacity (%) at ``when`` (after every event at that second)."""
+        k = bisect.bisect_right(self.steps, (when, sys.maxsize))
+        return 100 * self.steps[k - 1][1] / self.capacity_milli if k else 0.0
+
+    def samples(self, window: tuple[int, int]) -> list[float]:
+        """The ratio at 10/25/50/75/90 % of ``window``."""
+        start, end = window
+        return [self.ratio_at(round(start + f * (end - start))) for f in SAMPLE_AT]
+
+    @property
+    def waited(self) -> int:
+        """Pods placed only after waiting in the queue."""
+        return sum(1 for w in self.waits if w > 0)
+
+    def wait_p(self, q: float, waiters_only: bool = False) -> float:
+        """The ``q`` quantile of the waits (of the pods that waited at all, with waiters_only)."""
+        ordered = sorted(w for w in self.waits if w > 0 or not waiters_only)
+        if not ordered:
             return 0.0
-        ordered = sorted(self.waits)
         return float(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))])
+
+
+SAMPLE_AT = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
 def timed_pods(workload: str) -> list[TimedPod]:
@@ -106,21 +144,40 @@ def stretched(pods: Sequence[TimedPod], capacity_milli: int, pressure: float) ->
     return [TimedPod(t.pod, t.arrival, max(1, round(t.duration * factor))) for t in pods]
 
 
+def contended_window(
+    pods: Sequence[TimedPod], capacity_milli: int, level: float = 0.5
+) -> tuple[int, int]:
+    """From the first time the offered demand (every pod placed on arrival) reaches ``level`` x
+    capacity to the last arrival: fixed by the trace, the same for every policy."""
+    events = sorted(
+        [(t.arrival, t.pod.total_gpu_milli) for t in pods]
+        + [(t.arrival + t.duration, -t.pod.total_gpu_milli) for t in pods]
+    )
+    last = max(t.arrival for t in pods)
+    demand = 0
+    for when, delta in events:
+        demand += delta
+        if demand >= level * capacity_milli:
+            return min(when, last), last
+    return last, last  # never that contended: an empty window
+
+
+def arrival_window(pods: Sequence[TimedPod]) -> tuple[int, int]:
+    """First to last arrival."""
+    return min(t.arrival for t in pods), max(t.arrival for t in pods)
+
+
 def replay_churn(
     inventory: Inventory, pods: Sequence[TimedPod], policy: Callable[[], Policy], name: str
 ) -> ChurnResult:
+    """Replay ``pods`` through an allocator with ``policy``; FIFO queue, give-ups (see above)."""
     alloc = Allocator(inventory, policy=policy(), seed=0)
-    cap = inventory.total_gpu_milli
     # events: (time, order, kind, index); departures before arrivals at the same second
     events: list[tuple[int, int, int, int]] = [(t.arrival, 1, 0, i) for i, t in enumerate(pods)]
     heapq.heapify(events)
     queue: list[int] = []  # indices of waiting pods, in arrival order
     started: dict[int, int] = {}
-    result = ChurnResult(name, 0.0)
-    horizon_end = max(t.arrival for t in pods)  # the arrival window: where the contention is
-    start = pods[0].arrival
-    area, last_t, used = 0.0, start, 0
-    marks = [start + f * (horizon_end - start) for f in (0.1, 0.25, 0.5, 0.75, 0.9)]
+    result = ChurnResult(name, inventory.total_gpu_milli)
 
     def try_place(i: int, now: int) -> bool:
         try:
@@ -134,12 +191,6 @@ def replay_churn(
 
     while events:
         now, _, kind, i = heapq.heappop(events)
-        if last_t < horizon_end:
-            area += used * (min(now, horizon_end) - last_t)
-        while marks and marks[0] <= now:
-            result.samples.append(100 * used / cap)
-            marks.pop(0)
-        last_t = now
         if kind == 0:  # arrival: the scheduler tries every new pod, then it waits its turn
             if not try_place(i, now):
                 queue.append(i)
@@ -153,26 +204,29 @@ def replay_churn(
                     still.append(j)
             queue = still
         used = alloc.used_gpu_milli
+        if result.steps and result.steps[-1][0] == now:
+            result.steps[-1] = (now, used)
+        elif not result.steps or result.steps[-1][1] != used:
+            result.steps.append((now, used))
     result.gave_up += len(queue)
     result.placed = len(started)
-    result.mean_ratio = 100 * area / (cap * max(1, horizon_end - start))
     return result
 
 
-def summary(results: Sequence[ChurnResult]) -> list[str]:
+def summary(
+    results: Sequence[ChurnResult], window: tuple[int, int], saturated: tuple[int, int]
+) -> list[str]:
+    """A markdown table: allocation over the contended and the saturated window, queueing."""
     lines = [
-        "| policy | mean GPU alloc % | at 10/25/50/75/90 % of the trace | placed | gave up "
-        "| wait p50 s | wait p95 s |",
-        "|---|---|---|---|---|---|---|",
+        "| policy | mean GPU alloc %, contended | saturated | at 10/25/50/75/90 % of contended "
+        "| placed | of which waited | gave up | wait p50 s | wait p95 s | p50 s of those who waited |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        points = "/".join(f"{v:.1f}" for v in r.samples)
+        points = "/".join(f"{v:.1f}" for v in r.samples(window))
         lines.append(
-            f"| {r.policy} | {r.mean_ratio:.2f} | {points} | {r.placed} | {r.gave_up} "
-            f"| {r.wait_p(0.5):.0f} | {r.wait_p(0.95):.0f} |"
+            f"| {r.policy} | {r.mean_ratio(window):.2f} | {r.mean_ratio(saturated):.2f} "
+            f"| {points} | {r.placed} | {r.waited} | {r.gave_up} "
+            f"| {r.wait_p(0.5):.0f} | {r.wait_p(0.95):.0f} | {r.wait_p(0.5, waiters_only=True):.0f} |"
         )
     return lines
-
-
-def mean(values: Sequence[float]) -> float:
-    return statistics.fmean(values) if values else 0.0
