@@ -72,8 +72,13 @@ def _gpus_to_milli(value: Any, field_name: str) -> int:
     """Quotas may be any exact amount (1.5, '3/2', 8), not only catalog steps."""
     if isinstance(value, bool):
         raise ProfileError(f"{field_name}: expected a number of GPUs, got {value!r}")
+    # a float is read as the decimal it prints as: 1.1 is 11/10 (1100 milli), not the binary
+    # 1.100000000000000088... that Fraction(1.1) gives and 1000 milli cannot hold
+    text = value.strip() if isinstance(value, str) else None
+    if isinstance(value, float):
+        text = repr(value)
     try:
-        amount = Fraction(value) if not isinstance(value, str) else Fraction(value.strip())
+        amount = Fraction(value) if text is None else Fraction(text)
     except (ValueError, ZeroDivisionError, TypeError, OverflowError):  # nan, inf, 'x', [..]
         raise ProfileError(
             f"{field_name}: {value!r} is not a number of GPUs (e.g. 2, 1.5 or '3/8'; "

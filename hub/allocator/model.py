@@ -167,7 +167,12 @@ class Request:
                     f"Request {self.id!r}: {name} must be a set of names, not the string "
                     f"{raw!r}; write frozenset({{{raw!r}}})."
                 )
-            values = frozenset(raw)
+            try:
+                values = frozenset(raw)
+            except TypeError:  # None, a number, unhashable items
+                raise InvalidRequest(
+                    f"Request {self.id!r}: {name} must be a set of names, got {raw!r:.80}."
+                ) from None
             if not all(isinstance(v, str) and v for v in values):
                 raise InvalidRequest(
                     f"Request {self.id!r}: {name} must hold non-empty strings, got {raw!r}."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Integral
 from types import MappingProxyType
 
 from .errors import InvalidQuota, QuotaExceeded
@@ -19,6 +20,12 @@ class Quota:
     (None = unlimited). ``groups`` caps the sum over every allocation made on behalf of the group.
     With ``allow_preemptible_over_quota`` a preemptible request beyond the budget is still admitted,
     marked ``over_quota``, not counted against the budget and reclaimed first by preemption.
+
+    Every budget is an int >= 0 (any ``numbers.Integral`` but bool, stored as int) or, for
+    ``default_user_milli``, None. Anything else raises ``InvalidQuota`` naming the field: nan
+    (it compares false with everything and would switch the quota off), inf (say None), floats
+    and Fractions even when whole (milli are counted exactly; convert GPUs at the edge, as
+    ``GPUCapacity`` does, where 1.5 GPUs or '3/8' are fine), bools, strings.
     """
 
     users: Mapping[str, int] = field(default_factory=dict)
@@ -32,29 +39,37 @@ class Quota:
         for kind, table in (("users", self.users), ("groups", self.groups)):
             if not isinstance(table, Mapping):
                 raise InvalidQuota(f"Quota.{kind} must map names to milli-GPU, got {table!r}")
+            checked = {}
             for key, value in table.items():
-                _check_milli(f"Quota.{kind}[{key!r}]", value)
+                if not isinstance(key, str) or not key:
+                    raise InvalidQuota(f"Quota.{kind}: keys must be non-empty names, got {key!r}")
+                checked[key] = _check_milli(f"Quota.{kind}[{key!r}]", value)
+            object.__setattr__(self, kind, MappingProxyType(checked))
         if self.default_user_milli is not None:
-            _check_milli("Quota.default_user_milli", self.default_user_milli)
+            object.__setattr__(
+                self,
+                "default_user_milli",
+                _check_milli("Quota.default_user_milli", self.default_user_milli),
+            )
         if not isinstance(self.allow_preemptible_over_quota, bool):
             raise InvalidQuota(
                 "Quota.allow_preemptible_over_quota must be True or False, "
                 f"got {self.allow_preemptible_over_quota!r}"
             )
-        object.__setattr__(self, "users", MappingProxyType(dict(self.users)))
-        object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
 
     def user_limit(self, owner: str) -> int | None:
         """The user's budget in milli-GPU, or None when unlimited."""
         return self.users.get(owner, self.default_user_milli)
 
 
-def _check_milli(field_name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+def _check_milli(field_name: str, value: object) -> int:
+    """``value`` as an int of milli-GPU >= 0, or InvalidQuota naming ``field_name``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
         raise InvalidQuota(
             f"{field_name} must be an int of milli-GPU >= 0 (1000 = one GPU; None for no limit), "
             f"got {value!r}"
         )
+    return int(value)
 
 
 class QuotaLedger:

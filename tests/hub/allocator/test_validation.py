@@ -17,6 +17,7 @@ from gpulab.hub.allocator import (
     InvalidQuota,
     InvalidRequest,
     Inventory,
+    NoCapacity,
     Node,
     Quota,
     QuotaExceeded,
@@ -90,3 +91,79 @@ def test_the_hubs_quota_options_name_themselves(value):
     # inf used to stop the hub with a bare OverflowError naming no option
     with pytest.raises(ProfileError, match="GPUCapacity.default_user_quota_gpus"):
         GPUCapacity(default_user_quota_gpus=value)._quota()  # what the hub builds at start
+
+
+def test_a_budget_that_is_an_integral_but_not_an_int_is_stored_as_an_int():
+    numpy = pytest.importorskip("numpy")
+    quota = Quota(users={"a": numpy.int64(1500)}, default_user_milli=numpy.uint16(250))
+    assert type(quota.users["a"]) is int and quota.users["a"] == 1500
+    assert type(quota.default_user_milli) is int and quota.default_user_milli == 250
+
+
+@pytest.mark.parametrize("key", [None, "", 7])
+def test_a_budget_table_keyed_by_something_other_than_a_name_is_refused(key):
+    with pytest.raises(InvalidQuota, match=r"Quota\.groups: keys must be non-empty names"):
+        Quota(groups={key: 1000})
+
+
+@pytest.mark.parametrize("value", [None, 5, [["A100"]]])
+def test_a_model_list_that_is_no_collection_of_names_is_a_typed_refusal(value):
+    with pytest.raises(InvalidRequest, match="gpu_models must be a set of names"):
+        Request("u/1", gpu_milli=250, gpu_models=value)
+
+
+USERS = ("ann", "bob", "cid")
+GROUPS = ("lab", "class")
+valid_budget = st.integers(0, 3000)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    users=st.dictionaries(st.sampled_from(USERS), valid_budget),
+    groups=st.dictionaries(st.sampled_from(GROUPS), valid_budget),
+    default=st.none() | valid_budget,
+    asks=st.lists(
+        st.tuples(
+            st.sampled_from(USERS),
+            st.frozensets(st.sampled_from(GROUPS)),
+            st.sampled_from([0, 125, 250, 500, 1000, 2000]),
+            st.booleans(),  # release the user's oldest server instead of asking
+        ),
+        max_size=30,
+    ),
+)
+def test_valid_budgets_never_make_place_raise_anything_but_a_refusal_nor_let_anyone_over(
+    users, groups, default, asks
+):
+    node = Node("n", 64_000, 262_144, tuple(GPU(f"n-{i}", "A100", index=i) for i in range(4)))
+    quota = Quota(users=users, groups=groups, default_user_milli=default)
+    alloc = Allocator(Inventory([node]), quota=quota)
+    held: dict[str, list[tuple[str, frozenset[str], int]]] = {u: [] for u in USERS}
+    for i, (user, member_of, milli, release) in enumerate(asks):
+        if release and held[user]:
+            alloc.release(held[user].pop(0)[0])
+            continue
+        req = Request(
+            f"{user}/{i}",
+            owner=user,
+            groups=member_of,
+            num_gpu=milli // 1000,
+            gpu_milli=milli if milli < 1000 else 0,
+        )
+        try:
+            alloc.place(req)
+        except (QuotaExceeded, NoCapacity):
+            continue  # refusals are typed; anything else fails the test
+        held[user].append((req.id, member_of, milli))
+    for user in USERS:
+        limit = quota.user_limit(user)
+        assert limit is None or alloc.usage_milli(user) <= limit
+    for group, limit in groups.items():
+        assert sum(m for h in held.values() for _, g, m in h if group in g) <= limit
+
+
+@pytest.mark.parametrize(("value", "milli"), [(1.1, 1100), (0.3, 300), ("3/8", 375), (2, 2000)])
+def test_the_hubs_quota_options_read_a_float_as_the_decimal_it_prints_as(value, milli):
+    # Fraction(1.1) is 1.100000000000000088..., which used to be refused as finer than 1/1000
+    quota = GPUCapacity(user_quota_gpus={"a": value}, default_user_quota_gpus=value)._quota()
+    assert quota.users["a"] == milli and quota.default_user_milli == milli
