@@ -34,6 +34,16 @@ from traitlets.config import Config
             Config(GPUCapacity={"headroom_fraction": 1.5}),
             "GPUCapacity.headroom_fraction must be in [0, 1), not 1.5",
         ),
+        (
+            # used to stop the hub with a bare OverflowError naming no option (source text: a
+            # Config overlay holds plain data only, and inf is no literal)
+            'c.GPUCapacity.default_user_quota_gpus = float("inf")\n',
+            "GPUCapacity.default_user_quota_gpus: inf is not a number of GPUs",
+        ),
+        (
+            Config(GPUCapacity={"user_quota_gpus": {"alice": -0.5}}),
+            "GPUCapacity.user_quota_gpus['alice']: -0.5 is negative",
+        ),
     ],
     ids=[
         "unknown-declared-model",
@@ -41,6 +51,8 @@ from traitlets.config import Config
         "negative-fraction",
         "not-eighths",
         "headroom",
+        "infinite-default-quota",
+        "negative-user-quota",
     ],
 )
 def test_bad_gpu_config_stops_the_hub_with_a_message_naming_the_option(make_hub, overlay, message):
