@@ -2,7 +2,8 @@
 
 `installed(machine)` makes `import pynvml` in this process return the fake over `machine`;
 `subprocess_env(machine, path)` is the environment that does the same for a server or any other
-child process (its folder first on PYTHONPATH, the machine in a JSON file)."""
+child process (its folder first on PYTHONPATH, the machine in a JSON file, and optionally a table
+of what each call costs, as bench.monitor uses)."""
 
 from __future__ import annotations
 
@@ -44,13 +45,23 @@ def installed(machine: dict[str, Any] | None) -> Iterator[ModuleType]:
             sys.modules["pynvml"] = saved
 
 
-def subprocess_env(machine: dict[str, Any], path: Path, pythonpath: str = "") -> dict[str, str]:
-    """Environment for a child process whose `import pynvml` is the fake over `machine`."""
+MACHINE_ENV = "GPULAB_FAKE_NVML_MACHINE"
+COSTS_ENV = "GPULAB_FAKE_NVML_COSTS"
+
+
+def subprocess_env(
+    machine: dict[str, Any], path: Path, pythonpath: str = "", costs: Path | None = None
+) -> dict[str, str]:
+    """Environment for a child process whose `import pynvml` is the fake over `machine`
+    (written to `path`), each call costing what the JSON table `costs` says."""
     path.write_text(json.dumps(machine))
-    return {
-        "GPULAB_FAKE_NVML_MACHINE": str(path),
+    env = {
+        MACHINE_ENV: str(path),
         "PYTHONPATH": f"{FOLDER}:{pythonpath}" if pythonpath else str(FOLDER),
     }
+    if costs is not None:
+        env[COSTS_ENV] = str(costs)
+    return env
 
 
 def a100(i: int, **extra: Any) -> dict[str, Any]:

@@ -8,7 +8,14 @@ nvmlShutdown, NVMLError subclasses with NVML's return codes (calls before nvmlIn
 Uninitialized; a machine without a driver raises DriverNotLoaded), MIG parents whose MIG device
 slots raise NotFound when empty, MIG devices that raise NotSupported for utilisation,
 temperature and power (as real drivers do), process lists with host pids, NVLink state and
-remote PCI bus ids, process utilisation samples that raise NotFound when no process ran.
+remote PCI bus ids, process utilisation samples that raise NotFound when no process ran. It also
+answers what jupyterlab-nvdashboard's handlers call (NVLink version and field values, PCIe link
+generation, width and throughput), so bench.monitor can run nvdashboard over it.
+
+Each call can cost what a real one does: `load_costs(table)` or, in a subprocess, the JSON file
+named by GPULAB_FAKE_NVML_COSTS (bench/data/nvml_call_costs.json has the cited figures). A "cpu"
+cost burns the CPU with the GIL released (hashing, in C), as a ctypes call into the driver does;
+a "wait" cost sleeps (NVML's documented sampling windows). With no table, calls cost nothing.
 
 The machine comes from `load_machine(dict)` or, in a subprocess, the JSON file named by
 GPULAB_FAKE_NVML_MACHINE:
@@ -22,19 +29,23 @@ GPULAB_FAKE_NVML_MACHINE:
                         "profile": "2g.20gb", "memory_mib": 19968, "memory_used_mib": 0,
                         "processes": [...]}]}}]}
 
-`CALLS` counts every call by name, so tests can check how often code initialises NVML.
+`CALLS` counts every call by name, so tests can check how often code initialises NVML. Names the
+fake makes up itself say FAKE; the test machines' UUIDs start GPU-fa4e/MIG-fa4e.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 FAKE = True
 MACHINE_ENV = "GPULAB_FAKE_NVML_MACHINE"
+COSTS_ENV = "GPULAB_FAKE_NVML_COSTS"
 
 # return codes and constants as nvidia-ml-py defines them
 NVML_SUCCESS = 0
@@ -43,12 +54,22 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
 NVML_TEMPERATURE_GPU = 0
-NVML_NVLINK_MAX_LINKS = 18
+NVML_NVLINK_MAX_LINKS = 36
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+# NVML_FI_DEV_NVLINK_SPEED_MBPS_L0 .. _L11 as nvidia-ml-py numbers them (84..89, 132..137)
+for _i, _field in enumerate((84, 85, 86, 87, 88, 89, 132, 133, 134, 135, 136, 137)):
+    globals()[f"NVML_FI_DEV_NVLINK_SPEED_MBPS_L{_i}"] = _field
+_NVLINK_SPEED_FIELDS = frozenset((84, 85, 86, 87, 88, 89, 132, 133, 134, 135, 136, 137))
 MIB = 1024 * 1024
 
 CALLS: Counter[str] = Counter()
@@ -61,6 +82,7 @@ class NVMLError(Exception):
         NVML_ERROR_NOT_SUPPORTED: "Not Supported",
         NVML_ERROR_NOT_FOUND: "Not Found",
         NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+        NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     }
 
     def __new__(cls, value: int) -> NVMLError:
@@ -93,12 +115,16 @@ class NVMLError_NotFound(NVMLError): ...  # noqa: N801
 class NVMLError_DriverNotLoaded(NVMLError): ...  # noqa: N801
 
 
+class NVMLError_LibraryNotFound(NVMLError): ...  # noqa: N801
+
+
 _SUBCLASSES = {
     NVML_ERROR_UNINITIALIZED: NVMLError_Uninitialized,
     NVML_ERROR_INVALID_ARGUMENT: NVMLError_InvalidArgument,
     NVML_ERROR_NOT_SUPPORTED: NVMLError_NotSupported,
     NVML_ERROR_NOT_FOUND: NVMLError_NotFound,
     NVML_ERROR_DRIVER_NOT_LOADED: NVMLError_DriverNotLoaded,
+    NVML_ERROR_LIBRARY_NOT_FOUND: NVMLError_LibraryNotFound,
 }
 
 
@@ -134,6 +160,22 @@ class c_nvmlProcessUtilizationSample_t:  # noqa: N801
     memUtil: int  # noqa: N815
 
 
+@dataclass
+class c_nvmlValue_t:  # noqa: N801
+    ullVal: int  # noqa: N815
+
+
+@dataclass
+class c_nvmlFieldValue_t:  # noqa: N801
+    fieldId: int  # noqa: N815
+    scopeId: int  # noqa: N815
+    timestamp: int
+    latencyUsec: int  # noqa: N815
+    valueType: int  # noqa: N815
+    nvmlReturn: int  # noqa: N815
+    value: c_nvmlValue_t
+
+
 @dataclass(frozen=True)
 class _Handle:
     gpu: int
@@ -142,6 +184,34 @@ class _Handle:
 
 _machine: dict[str, Any] | None = None
 _init_count = 0
+_costs: dict[str, tuple[float, str]] = {}
+_default_cost: tuple[float, str] = (0.0, "cpu")
+_BURN_CHUNK = bytes(4096)  # hashlib releases the GIL for inputs over 2 KiB
+
+
+def load_costs(table: dict[str, Any] | None) -> None:
+    """What each call costs, in bench/data/nvml_call_costs.json's shape
+    ({"default": {"seconds", "kind"}, "calls": {name: {"seconds", "kind"}}}); None: free."""
+    global _costs, _default_cost
+    table = table or {}
+    entry = table.get("default") or {}
+    _default_cost = (float(entry.get("seconds", 0.0)), str(entry.get("kind", "cpu")))
+    _costs = {
+        name: (float(e["seconds"]), str(e.get("kind", "cpu")))
+        for name, e in (table.get("calls") or {}).items()
+    }
+
+
+def _spend(name: str) -> None:
+    seconds, kind = _costs.get(name, _default_cost)
+    if seconds <= 0:
+        return
+    if kind == "wait":
+        time.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        hashlib.sha1(_BURN_CHUNK).digest()
 
 
 def load_machine(machine: dict[str, Any] | None) -> None:
@@ -156,12 +226,17 @@ def _load_from_env() -> None:
     if path and _machine is None:
         with open(path) as f:
             load_machine(json.load(f))
+    costs = os.environ.get(COSTS_ENV)
+    if costs and not _costs:
+        with open(costs) as f:
+            load_costs(json.load(f))
 
 
 def _check(name: str) -> None:
     CALLS[name] += 1
     if _init_count <= 0:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    _spend(name)
 
 
 def nvmlInit() -> None:  # noqa: N802
@@ -190,7 +265,7 @@ def _dev(handle: _Handle) -> dict[str, Any]:
         return gpu
     for inst in (gpu.get("mig") or {}).get("instances", []):
         if inst["slot"] == handle.mig_slot:
-            return dict(inst, name=f"{gpu['name']} MIG {inst['profile']}")
+            return dict(inst, name=f"{gpu.get('name', 'FAKE NVIDIA GPU')} MIG {inst['profile']}")
     raise NVMLError(NVML_ERROR_NOT_FOUND)
 
 
@@ -213,7 +288,7 @@ def nvmlDeviceGetUUID(handle: _Handle) -> str:  # noqa: N802
 
 def nvmlDeviceGetName(handle: _Handle) -> str:  # noqa: N802
     _check("nvmlDeviceGetName")
-    return str(_dev(handle)["name"])
+    return str(_dev(handle).get("name", "FAKE NVIDIA GPU"))
 
 
 def nvmlDeviceGetMemoryInfo(handle: _Handle) -> c_nvmlMemory_t:  # noqa: N802
@@ -323,3 +398,57 @@ def nvmlDeviceGetProcessUtilization(  # noqa: N802
     if not samples:
         raise NVMLError(NVML_ERROR_NOT_FOUND)  # no process ran since last_seen_timestamp
     return samples
+
+
+# -- what jupyterlab-nvdashboard calls besides the above -------------------------------------
+
+
+def nvmlDeviceGetNvLinkVersion(handle: _Handle, link: int) -> int:  # noqa: N802
+    gpu = _whole_only(handle, "nvmlDeviceGetNvLinkVersion")
+    if link >= len(gpu.get("nvlink_to", [])):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # no NVLink on this link (or this card)
+    return int(gpu.get("nvlink_version", 4))
+
+
+def nvmlDeviceGetFieldValues(  # noqa: N802
+    handle: _Handle, field_ids: list[int | tuple[int, int]]
+) -> list[c_nvmlFieldValue_t]:
+    """NVLink speed (MB/s per link) and throughput (KiB counters) fields; every other field
+    answers NOT_SUPPORTED in its own entry, as NVML does."""
+    gpu = _whole_only(handle, "nvmlDeviceGetFieldValues")
+    links = len(gpu.get("nvlink_to", []))
+    out = []
+    for entry in field_ids:
+        field, scope = entry if isinstance(entry, tuple) else (entry, 0)
+        ret, value = NVML_SUCCESS, 0
+        if field in _NVLINK_SPEED_FIELDS:
+            value = int(gpu.get("nvlink_speed_mbps", 25781)) if links else 0
+        elif field in (
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        ):
+            value = int(gpu.get("nvlink_kib", 0)) if scope < links else 0
+        else:
+            ret = NVML_ERROR_NOT_SUPPORTED
+        out.append(
+            c_nvmlFieldValue_t(
+                field, scope, 0, 0, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, ret, c_nvmlValue_t(value)
+            )
+        )
+    return out
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(handle: _Handle) -> int:  # noqa: N802
+    return int(_whole_only(handle, "nvmlDeviceGetMaxPcieLinkGeneration").get("pcie_gen", 5))
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(handle: _Handle) -> int:  # noqa: N802
+    return int(_whole_only(handle, "nvmlDeviceGetMaxPcieLinkWidth").get("pcie_width", 16))
+
+
+def nvmlDeviceGetPcieThroughput(handle: _Handle, counter: int) -> int:  # noqa: N802
+    """KB/s over NVML's 20 ms counter window (the cost table makes the call take that long)."""
+    gpu = _whole_only(handle, "nvmlDeviceGetPcieThroughput")
+    if counter not in (NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return int(gpu.get("pcie_tx_kbps" if counter == NVML_PCIE_UTIL_TX_BYTES else "pcie_rx_kbps", 0))

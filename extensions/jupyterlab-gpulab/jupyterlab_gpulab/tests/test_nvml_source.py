@@ -106,3 +106,33 @@ def test_a_whole_gpu_has_the_devices_figures_and_sensors_and_no_mig_parent_is_li
         names = [d.uuid for d in unmanaged.devices()]
         unmanaged.close()
     assert names == [a100(0)["uuid"], a100(1)["uuid"]]
+
+
+def test_a_real_server_reads_its_mig_instance_from_the_fake_driver_in_a_subprocess(
+    make_lab_server, tmp_path
+):
+    """The fake works across processes: a real `jupyter server` whose `import pynvml` is the fake
+    lists and samples its MIG instance through the NVML source, as on a machine with a driver."""
+    from tests.harness.fake_nvml import subprocess_env
+    from tests.harness.labserver import EXTENSION_SRC, REPO
+    from tests.harness.wait import wait_for
+
+    mig = mig_instance(1, 3, "2g.20gb", 19968)["uuid"]
+    env = subprocess_env(
+        _machine(), tmp_path / "machine.json", pythonpath=f"{EXTENSION_SRC}:{REPO}"
+    )
+    lab = make_lab_server(
+        env={**env, "GPULAB_MONITOR_SOURCE": "nvml", "GPULAB_GPU_UUIDS": mig},
+        config='c.GPUMonitor.source = "nvml"\nc.GPUMonitor.period_seconds = 0.25\n',
+        extensions={"jupyterlab_gpulab": True, "jupyterlab_nvdashboard": False},
+    )
+
+    payload = lab.get("devices").json()
+    assert payload["source"] == "nvml"
+    [device] = payload["devices"]
+    assert device["uuid"] == mig and device["mig"] is True
+    assert device["name"] == "NVIDIA A100-SXM4-80GB MIG 2g.20gb"
+    assert device["memory_total_mib"] == 19968
+    samples = wait_for("a sample", lambda: lab.get("samples").json()["samples"], timeout=30)
+    figures = samples[-1]["devices"][mig]
+    assert figures["memory_used_mib"] == 7000 and figures["utilization_pct"] is None
