@@ -323,7 +323,7 @@ def print_table(rows: list[Row]) -> None:
         print(
             f"{MONITORS[r.key].label:<{width}} {r.clients:>6} {r.rate_hz:>7g} {r.got_hz:>6.2f} "
             f"{r.lag_n:>6} {r.p50_ms:>8.2f} {r.p95_ms:>8.2f} {r.p99_ms:>8.2f} {r.max_ms:>8.1f} "
-            f"{r.cpu_pct:>6.1f} {ratio}"
+            f"{r.cpu_pct:>6.1f} {ratio}".rstrip()
         )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
@@ -39,7 +38,6 @@ def test_the_fake_driver_accepts_the_cost_table():
         assert nvml.nvmlDeviceGetCount() == GPUS
 
 
-@pytest.mark.slow
 async def test_nvdashboards_own_handlers_serve_the_fake_gpus_and_the_probe_measures_its_loop(
     make_lab_server, tmp_path
 ):
