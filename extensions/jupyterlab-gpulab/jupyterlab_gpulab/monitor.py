@@ -69,6 +69,23 @@ class GPUMonitor(Configurable):
             )
         return value
 
+    process_list_seconds = Float(
+        5.0,
+        config=True,
+        help="""Seconds between two reads of a whole GPU's or MIG slice's process list, the
+        slowest NVML query per device (milliseconds where the others take microseconds). Those
+        devices report memory and utilisation from the device every sample; the list only names
+        the processes, which change rarely. A fraction of a shared GPU reads its list every sample,
+        because its memory is counted from its own processes. 0 reads every list every sample.""",
+    )
+
+    @validate("process_list_seconds")
+    def _validate_process_list_seconds(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if not value >= 0:  # NaN too
+            raise TraitError(f"GPUMonitor.process_list_seconds={value} must be 0 or more")
+        return value
+
     history_seconds = Float(
         1800.0,
         config=True,
@@ -191,6 +208,7 @@ class GPUMonitor(Configurable):
             simulated_device_count=self.simulated_device_count,
             latencies=Latencies.from_mapping(self.simulated_latencies),
             script_path=self.simulated_file or None,
+            process_list_seconds=self.process_list_seconds,
         )
         self.fanout = Fanout()
         self.rules = RuleBook(Path(self.rules_file), self.default_rules, self.recent_alerts)

@@ -83,10 +83,26 @@ class Source:
         self.calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()  # counted in the sampler thread, read on the loop
         self.message = ""
+        self.process_list_seconds = 0.0
+        self._process_list_read: dict[str, float] = {}
 
     def count(self, name: str) -> None:
         with self._calls_lock:
             self.calls[name] += 1
+
+    def process_list_due(self, uuid: str, every_sample: bool) -> bool:
+        """Whether to read this device's process list now (see GPUMonitor.process_list_seconds).
+
+        A fraction of a shared GPU counts its memory from its own processes, so it reads the
+        list every sample; a whole GPU or a MIG slice reads memory from the device and only names
+        its processes, which change rarely: NVML's slowest per-device query every few seconds.
+        """
+        now = time.monotonic()
+        last = self._process_list_read.get(uuid)
+        if every_sample or last is None or now - last >= self.process_list_seconds:
+            self._process_list_read[uuid] = now
+            return True
+        return False
 
     def call_counts(self) -> dict[str, int]:
         with self._calls_lock:
@@ -129,6 +145,7 @@ class _Handle:
     info: DeviceInfo
     handle: Any
     last_process_sample_us: int = 0
+    processes: tuple[ProcessInfo, ...] = ()  # the last process list read
 
 
 class NvmlSource(Source):
@@ -140,8 +157,15 @@ class NvmlSource(Source):
 
     kind = "nvml"
 
-    def __init__(self, share: Share, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        share: Share,
+        env: Mapping[str, str] | None = None,
+        *,
+        process_list_seconds: float = 0.0,
+    ) -> None:
         super().__init__()
+        self.process_list_seconds = process_list_seconds
         import pynvml  # nvidia-ml-py
 
         self.nvml = pynvml
@@ -233,18 +257,18 @@ class NvmlSource(Source):
         rates = self._optional("nvmlDeviceGetUtilizationRates", h.handle)
         utilization = float(rates.gpu) if rates is not None else None  # MIG: usually unsupported
         mem = self._call("nvmlDeviceGetMemoryInfo", h.handle)
-        processes = []
-        for p in self._optional("nvmlDeviceGetComputeRunningProcesses", h.handle) or []:
-            used = getattr(p, "usedGpuMemory", None)
-            own = is_own(p.pid, self._uid, self._server_pid)
-            processes.append(
+        fraction = not info.whole and not info.mig
+        if self.process_list_due(info.uuid, every_sample=fraction):
+            h.processes = tuple(
                 ProcessInfo(
                     pid=int(p.pid),
-                    memory_mib=(used or 0) / MIB,
-                    own=own,
+                    memory_mib=(getattr(p, "usedGpuMemory", None) or 0) / MIB,
+                    own=is_own(p.pid, self._uid, self._server_pid),
                     name=process_name(p.pid),
                 )
+                for p in self._optional("nvmlDeviceGetComputeRunningProcesses", h.handle) or []
             )
+        processes = h.processes
         memory_used, memory_scope = mem.used / MIB, "device"
         utilization_scope = "device"
         temperature = power = None
@@ -254,7 +278,7 @@ class NvmlSource(Source):
             )
             milliwatts = self._optional("nvmlDeviceGetPowerUsage", h.handle)
             power = milliwatts / 1000 if milliwatts is not None else None
-        elif not info.mig:
+        elif fraction:
             # a fraction of a shared GPU: this user's own processes, where NVML can tell them apart
             memory_used = sum(p.memory_mib for p in processes if p.own)
             memory_scope = "own_processes"
@@ -417,8 +441,10 @@ class SimulatedSource(Source):
         script_path: str | os.PathLike[str] | None = None,
         seed: int = 0,
         clock: Callable[[], float] = time.time,
+        process_list_seconds: float = 0.0,
     ) -> None:
         super().__init__()
+        self.process_list_seconds = process_list_seconds
         self.share = share
         self.latencies = latencies or Latencies()
         self.script = ScriptFile(script_path)
@@ -468,7 +494,8 @@ class SimulatedSource(Source):
         lat = self.latencies
         self._nvml_call("nvmlDeviceGetUtilizationRates", lat.utilization)
         self._nvml_call("nvmlDeviceGetMemoryInfo", lat.memory)
-        self._nvml_call("nvmlDeviceGetComputeRunningProcesses", lat.processes)
+        if self.process_list_due(d.uuid, every_sample=not d.whole and not d.mig):
+            self._nvml_call("nvmlDeviceGetComputeRunningProcesses", lat.processes)
         utilization, memory_fraction = self._walks[d.uuid].step(t)
         figures: dict[str, Any] = {
             "utilization_pct": round(utilization, 1),
@@ -519,6 +546,7 @@ def select_source(
     simulated_device_count: int = 1,
     latencies: Latencies | None = None,
     script_path: str | None = None,
+    process_list_seconds: float = 0.0,
 ) -> Source:
     """mode: "auto" (NVML if it initialises; else the simulated source where the spawner says
     the share's devices are declared or simulated, none otherwise), "nvml", "simulated" or
@@ -527,15 +555,24 @@ def select_source(
         return NoDriverSource(CPU_ONLY_MESSAGE)
     if mode == "simulated":
         return SimulatedSource(
-            share, device_count=simulated_device_count, latencies=latencies, script_path=script_path
+            share,
+            device_count=simulated_device_count,
+            latencies=latencies,
+            script_path=script_path,
+            process_list_seconds=process_list_seconds,
         )
     if mode == "none":
         return NoDriverSource("GPU monitoring is off (GPUMonitor.source = 'none')")
     try:
-        return NvmlSource(share)
+        return NvmlSource(share, process_list_seconds=process_list_seconds)
     except Exception as e:  # pynvml.NVMLError, ImportError, OSError from ctypes
         if mode == "auto" and share.inventory in (DECLARED_INVENTORY, SIMULATED_INVENTORY):
             log.info("gpulab monitor: no NVML; simulating the %s GPUs", share.inventory)
-            return SimulatedSource(share, latencies=latencies, script_path=script_path)
+            return SimulatedSource(
+                share,
+                latencies=latencies,
+                script_path=script_path,
+                process_list_seconds=process_list_seconds,
+            )
         log.info("gpulab monitor: NVML unavailable (%s); GPU figures are off", e)
         return NoDriverSource(NO_DRIVER_MESSAGE)

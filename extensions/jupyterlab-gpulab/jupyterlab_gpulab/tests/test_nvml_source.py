@@ -108,6 +108,27 @@ def test_a_whole_gpu_has_the_devices_figures_and_sensors_and_no_mig_parent_is_li
     assert names == [a100(0)["uuid"], a100(1)["uuid"]]
 
 
+def test_whole_gpus_read_their_process_list_every_few_seconds_fractions_every_sample():
+    whole = share_from_env({"GPULAB_GPU_UUIDS": a100(0)["uuid"]})
+    fraction = share_from_env({"GPULAB_GPU_UUIDS": a100(0)["uuid"], "GPULAB_GPU_FRACTION": "0.250"})
+    reads = {}
+    for name, share in (("whole", whole), ("fraction", fraction)):
+        with installed(_machine()):
+            source = NvmlSource(share, env={}, process_list_seconds=60)
+            samples = [source.sample() for _ in range(3)]
+            source.close()
+        reads[name] = source.call_counts().get("nvmlDeviceGetComputeRunningProcesses", 0)
+        # the list read first is kept: the processes stay named between reads
+        assert [len(s[share.uuids[0]].processes) for s in samples] == [2, 2, 2]
+    assert reads == {"whole": 1, "fraction": 3}
+    with installed(_machine()):  # 0: every sample, as before
+        source = NvmlSource(whole, env={}, process_list_seconds=0)
+        for _ in range(3):
+            source.sample()
+        source.close()
+    assert source.call_counts()["nvmlDeviceGetComputeRunningProcesses"] == 3
+
+
 def test_a_real_server_reads_its_mig_instance_from_the_fake_driver_in_a_subprocess(
     make_lab_server, tmp_path
 ):

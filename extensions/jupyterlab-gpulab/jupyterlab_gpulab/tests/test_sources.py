@@ -124,6 +124,8 @@ def test_monitor_options_are_validated_with_their_names() -> None:
         GPUMonitor(source="cuda")
     with pytest.raises(TraitError, match="unknown simulated latency"):
         GPUMonitor(source="none", simulated_latencies={"fan": 1e-6})
+    with pytest.raises(TraitError, match="GPUMonitor.process_list_seconds=nan"):
+        GPUMonitor(source="none", process_list_seconds=float("nan"))
 
 
 def test_scripted_figures_file_drives_the_simulation_and_is_reread_on_change(
