@@ -132,7 +132,8 @@ CHECKPOINT_KEY_FILE_ENV = "GPULAB_CHECKPOINT_KEY_FILE"
 CHECKPOINT_USER_ENV = "GPULAB_CHECKPOINT_USER"
 #: "1": restore the latest checkpoint once without asking (after a preemption respawn).
 AUTO_RESTORE_ENV = "GPULAB_AUTO_RESTORE"
-#: Changed MB above which a save is incremental.
+#: MB of changed variables above which a cell's save is left to shutdown/SIGTERM (0: no saves after
+#: cells at all; the exit save always runs).
 CHECKPOINT_INCREMENTAL_MB_ENV = "GPULAB_CHECKPOINT_INCREMENTAL_MB"
 #: Seconds to wait after a cell before saving.
 CHECKPOINT_IDLE_SECONDS_ENV = "GPULAB_CHECKPOINT_IDLE_SECONDS"
