@@ -335,15 +335,21 @@ class GPUSpawnerMixin(Configurable):
             )
         return out
 
+    def node_inventory(self, node_name: str) -> str:
+        """How the node's GPUs are known: 'declared' or 'simulated' (nothing to measure: the
+        server's monitor simulates them), '' for GPUs the driver reports or an unknown node."""
+        for node in self.gpu_capacity.inventory.nodes:
+            if node.name == node_name:
+                return str(node.labels.get(INVENTORY_LABEL, ""))
+        return ""
+
     def inventory_environment(self, placement: Placement) -> dict[str, str]:
         """GPU_INVENTORY_ENV when the placement's node is declared (no device to measure), so
         the server's monitor simulates the GPUs the hub placed it on."""
-        for node in self.gpu_capacity.inventory.nodes:
-            if node.name == placement.node:
-                kind = str(node.labels.get(INVENTORY_LABEL, ""))
-                unmeasured = (DECLARED_INVENTORY, SIMULATED_INVENTORY)
-                return {GPU_INVENTORY_ENV: kind} if kind in unmeasured else {}
-        return {}
+        kind = self.node_inventory(placement.node)
+        return (
+            {GPU_INVENTORY_ENV: kind} if kind in (DECLARED_INVENTORY, SIMULATED_INVENTORY) else {}
+        )
 
     def restore_placement(self) -> None:
         """After a hub restart, pick our placement back up from the allocator's store."""

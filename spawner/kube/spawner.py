@@ -54,7 +54,6 @@ from gpulab.spawner.kube.state import (
 from gpulab.spawner.names import (
     AFFINITY_LABEL,
     GPU_SHARING_ENV,
-    INVENTORY_LABEL,
     ISOLATION_ENV,
     PLACEMENT_ANNOTATION,
     PRIORITY_LABEL,
@@ -333,19 +332,12 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
                 device_memory_mib=self._gpu_memory_mib(placement),
                 fractional=bool(profile.gpu_milli),
                 mig_profile=placed.mig_profile if placed is not None else None,
-                inventory=self._node_inventory(placement.node),
+                inventory=self.node_inventory(placement.node),
             ),
         }
         self.gpulab_enforcement = self.describe_enforcement(
             [AssignedGPU(s.uuid, "", 0, s.milli) for s in placement.gpus]
         )
-
-    def _node_inventory(self, node_name: str) -> str:
-        """'simulated' for a dev-cluster node (the monitor then simulates its GPUs)."""
-        for node in self.gpu_capacity.inventory.nodes:
-            if node.name == node_name:
-                return str(node.labels.get(INVENTORY_LABEL, ""))
-        return ""
 
     async def load_user_options(self) -> None:
         if self.profile_list:
