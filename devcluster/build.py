@@ -62,8 +62,8 @@ def _log(msg: str) -> None:
     print(f"gpulab dev-cluster: {msg}", file=sys.stderr, flush=True)
 
 
-#: nftables: the node agent enforces NetworkPolicies with it
-RUNTIME_PACKAGES = ("etcd-server", "openssl", "nftables")
+#: nftables: the node agent enforces NetworkPolicies with it; dnsmasq-base: the cluster's DNS
+RUNTIME_PACKAGES = ("etcd-server", "openssl", "nftables", "dnsmasq-base")
 
 
 def missing_system_packages(wanted: tuple[str, ...] = APT_PACKAGES) -> list[str]:
@@ -75,6 +75,7 @@ def missing_system_packages(wanted: tuple[str, ...] = APT_PACKAGES) -> list[str]
         "golang-github-modern-go-reflect2-dev": REFLECT2_SRC.is_dir(),
         "openssl": shutil.which("openssl"),
         "nftables": shutil.which("nft") or Path("/usr/sbin/nft").exists(),
+        "dnsmasq-base": shutil.which("dnsmasq") or Path("/usr/sbin/dnsmasq").exists(),
     }
     return [pkg for pkg, ok in checks.items() if not ok and pkg in wanted]
 

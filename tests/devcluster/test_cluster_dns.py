@@ -1,0 +1,153 @@
+"""The dev cluster's DNS: records from Services, Endpoints and pods, served by a real dnsmasq."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import dns.asyncresolver
+import dns.resolver
+import pytest
+
+from gpulab.devcluster.agent.clusterdns import (
+    ClusterDNS,
+    hosts_text,
+    pod_records,
+    service_records,
+)
+
+
+def _service(name: str, ns: str, cluster_ip: str, **spec: object) -> dict:
+    return {"metadata": {"name": name, "namespace": ns}, "spec": {"clusterIP": cluster_ip, **spec}}
+
+
+def _endpoints(name: str, ns: str, ready: list[dict], not_ready: list[dict] = ()) -> dict:
+    subset = {"addresses": ready, "notReadyAddresses": list(not_ready), "ports": [{"port": 80}]}
+    return {"metadata": {"name": name, "namespace": ns}, "subsets": [subset]}
+
+
+SERVICES = [
+    _service("hub", "jhub", "10.96.0.20"),
+    _service("dask", "alice", "None"),  # headless
+    _service("web", "bob", "None", publishNotReadyAddresses=True),
+    _service("ext", "bob", "", type="ExternalName", externalName="example.org"),
+]
+ENDPOINTS = [
+    _endpoints("hub", "jhub", [{"ip": "10.244.1.5"}]),
+    _endpoints(
+        "dask",
+        "alice",
+        [{"ip": "10.244.1.7", "hostname": "scheduler"}, {"ip": "10.244.2.9"}],
+        [{"ip": "10.244.2.10"}],
+    ),
+    _endpoints("web", "bob", [], [{"ip": "10.244.3.3"}]),
+]
+
+
+def test_records_follow_the_kubernetes_dns_specification() -> None:
+    records = service_records(SERVICES, ENDPOINTS)
+    assert records == {
+        # a ClusterIP Service answers its ClusterIP, never its pods
+        "hub.jhub.svc.cluster.local": {"10.96.0.20"},
+        # a headless Service answers its ready endpoints only ...
+        "dask.alice.svc.cluster.local": {"10.244.1.7", "10.244.2.9"},
+        # ... and an endpoint with a hostname has a name of its own
+        "scheduler.dask.alice.svc.cluster.local": {"10.244.1.7"},
+        # publishNotReadyAddresses: the not-ready ones too
+        "web.bob.svc.cluster.local": {"10.244.3.3"},
+        # ExternalName (a CNAME) is not served: see the module's docstring
+    }
+    pods = [
+        {"metadata": {"namespace": "alice"}, "status": {"podIP": "10.244.1.7"}},
+        {"metadata": {"namespace": "alice"}, "status": {}},  # not started: no record
+    ]
+    assert pod_records(pods) == {"10-244-1-7.alice.pod.cluster.local": {"10.244.1.7"}}
+    text = hosts_text(records)
+    assert text.splitlines()[0] == "10.244.1.7 dask.alice.svc.cluster.local"
+    assert text == hosts_text(dict(reversed(list(records.items()))))  # stable: no needless reloads
+
+
+def _free_udp_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _resolver(host: str, port: int) -> dns.asyncresolver.Resolver:
+    resolver = dns.asyncresolver.Resolver(configure=False)
+    resolver.nameservers = [host]
+    resolver.port = port
+    resolver.lifetime = 5
+    return resolver
+
+
+async def _addresses(resolver: dns.asyncresolver.Resolver, name: str) -> set[str]:
+    answer = await resolver.resolve(name, "A", tcp=False)
+    return {r.address for r in answer}
+
+
+async def _after_reload(
+    resolver: dns.asyncresolver.Resolver, name: str, expected: set[str]
+) -> set[str]:
+    """What the server answers for the name once it shows `expected`, else after 5 s: a reload
+    is a signal, so it lands a moment after the update (a cluster's DNS lags its API too)."""
+    found: set[str] = set()
+    for _ in range(50):
+        found = await _addresses_or_none(resolver, name)
+        if found == expected:
+            break
+        await asyncio.sleep(0.1)
+    return found
+
+
+async def _addresses_or_none(resolver: dns.asyncresolver.Resolver, name: str) -> set[str]:
+    try:
+        return await _addresses(resolver, name)
+    except dns.resolver.NXDOMAIN:
+        return set()
+
+
+@pytest.mark.skipif(
+    shutil.which("dnsmasq") is None,
+    reason="dnsmasq-base is not installed "
+    "(gpulab dev-cluster up installs it; this test only runs the server)",
+)
+async def test_dnsmasq_answers_the_records_and_rereads_them_on_change() -> None:
+    host = "127.0.0.1"
+    port = _free_udp_port(host)
+    # not under pytest's 0700 folders: dnsmasq rereads the file as 'nobody'
+    records_dir = Path(tempfile.mkdtemp(prefix="gpulab-dns-test-"))
+    records_dir.chmod(0o755)
+    server = ClusterDNS(records_dir / "dns", host, port)
+    try:
+        await server.start(records_dir / "dnsmasq.log")
+        server.update(service_records(SERVICES, ENDPOINTS))
+        resolver = _resolver(host, port)
+        hub = {"10.96.0.20"}
+        assert await _after_reload(resolver, "hub.jhub.svc.cluster.local", hub) == hub
+        assert await _addresses(resolver, "scheduler.dask.alice.svc.cluster.local") == {
+            "10.244.1.7"
+        }
+        # an unknown name in the zone is NXDOMAIN at once, and nothing outside it is forwarded
+        with pytest.raises(dns.resolver.NXDOMAIN):
+            await _addresses(resolver, "nope.jhub.svc.cluster.local")
+        with pytest.raises((dns.resolver.NoNameservers, dns.resolver.NXDOMAIN)):
+            await _addresses(resolver, "pypi.org")
+        # a new Service resolves after the update; a deleted one no longer does
+        server.update(
+            service_records([*SERVICES[1:], _service("new", "jhub", "10.96.0.30")], ENDPOINTS)
+        )
+        new = {"10.96.0.30"}
+        assert await _after_reload(resolver, "new.jhub.svc.cluster.local", new) == new
+        assert await _after_reload(resolver, "hub.jhub.svc.cluster.local", set()) == set()
+        # the server runs without root's powers: it dropped to 'nobody' after binding
+        status = Path(f"/proc/{server.proc.pid}/status").read_text()
+        uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+        assert uid_line.split()[1] != "0"
+    finally:
+        await server.stop()
+        shutil.rmtree(records_dir, ignore_errors=True)
+    assert server.proc.returncode is not None
