@@ -44,6 +44,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab.devcluster import DevCluster, NodeSpec, ensure_binaries
+from gpulab.devcluster.agent import netpolicy
+
 DISTRIBUTION = "jupyterhub-kubespawner"
 DEFAULT_SUITE_GIT = "https://github.com/jupyterhub/kubespawner"
 #: the suite's test extra, pinned: pytest 8 and pytest-asyncio >= 0.23 break its session
@@ -55,6 +58,27 @@ PLUGIN_DIR = Path(__file__).resolve().parent / "suite_plugins"
 PLUGIN = "kubespawner_cluster_tests"
 #: the namespaces the suite creates and deletes (its kube_ns / kube_another_ns defaults)
 SUITE_NAMESPACES = ("kubespawner-test", "kubespawner-another")
+#: Why the runner makes those namespaces itself, each with this policy: the suite's hub pods set
+#: `hub_ip = "0.0.0.0"` in their config file (which the node agent does not rewrite, unlike args
+#: and env) and their proxy listens on every address by default; dev-cluster pods share the
+#: host's network, so for the run the hub (8081) and proxy (8000) listen on every interface of
+#: the machine, run as root with JupyterHub's default LocalProcessSpawner, and accept the admin
+#: service token "test-secret-token" that the suite publishes. The policy admits connections
+#: to the suite's pods from this machine only (127.0.0.0/8: the suite's pytest, the agent's
+#: probes, the other pods), so no other machine can reach them. It cannot tell a local account
+#: from the agent (both connect from 127.0.0.1): run the suite on a machine without untrusted
+#: local users. The suite finds the namespaces existing and uses them ("Using existing
+#: namespace"), and deletes them at its end as it would its own.
+MACHINE_ONLY_POLICY = {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "NetworkPolicy",
+    "metadata": {"name": "kubespawner-suite-machine-only"},
+    "spec": {
+        "podSelector": {},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"ipBlock": {"cidr": "127.0.0.0/8"}}]}],
+    },
+}
 
 #: errors of the suite's own harness, not of the cluster or of KubeSpawner: test name ->
 #: (what the error message says, why). Only an error whose message matches is put down to it.
@@ -329,6 +353,22 @@ def prepare(version: str, suite_git: str, log: Callable[[str], None] = print) ->
 # -- the run -------------------------------------------------------------------------------
 
 
+def admit_this_machine_only(cluster: DevCluster, namespace: str) -> None:
+    """MACHINE_ONLY_POLICY in `namespace` (see there for why)."""
+    cluster.api(
+        "POST",
+        f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
+        MACHINE_ONLY_POLICY,
+    )
+
+
+def guard_namespaces(cluster: DevCluster) -> None:
+    """The suite's namespaces, made before the suite runs, with MACHINE_ONLY_POLICY."""
+    for namespace in SUITE_NAMESPACES:
+        cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+        admit_this_machine_only(cluster, namespace)
+
+
 def run_suite(
     suite: Path, python: Path, kubeconfig: Path, junit: Path, pytest_args: list[str], timeout: float
 ) -> int:
@@ -367,8 +407,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="passed to the suite's pytest (e.g. -k X)")
     args = parser.parse_args(argv)
 
-    from gpulab.devcluster import DevCluster, NodeSpec, ensure_binaries
-
     version = importlib.metadata.version(DISTRIBUTION)
     t0 = time.monotonic()
     suite, python = prepare(version, args.suite_git)
@@ -380,6 +418,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # one plain node: the suite's pods ask for no GPU and a little CPU and memory
             cluster.up(nodes=[NodeSpec("kubespawner-node", gpus=0, cpu=32, memory_gib=128)])
+            guard_namespaces(cluster)
+            if netpolicy.unavailable_reason():
+                print(
+                    "kubespawner_suite: WARNING: the suite's hub listens on every interface and "
+                    "the node agent cannot enforce the policy that keeps other machines out: "
+                    f"{netpolicy.unavailable_reason()}"
+                )
             t_suite = time.monotonic()
             rc = run_suite(suite, python, cluster.kubeconfig, junit, args.pytest_args, args.timeout)
             suite_seconds = time.monotonic() - t_suite

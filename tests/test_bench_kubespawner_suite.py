@@ -1,11 +1,13 @@
-"""bench.kubespawner_suite's pieces that need no cluster: its last line, the junit reading and
-cluster-test classification, the known causes, the plugin that marks cluster tests (run for real
-in a small pytest of its own), and taking the suite from a release tag. The whole run (a dev
-cluster and KubeSpawner's 207 tests, about a minute once its venv is cached) is opt-in."""
+"""bench.kubespawner_suite's pieces: its last line, the junit reading and cluster-test
+classification, the known causes, the plugin that marks cluster tests (run for real in a small
+pytest of its own), taking the suite from a release tag, and (on a dev cluster) the policy that
+keeps other machines away from the suite's pods. The whole run (a dev cluster and KubeSpawner's
+207 tests, about a minute once its venv is cached) is opt-in."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +16,10 @@ from pathlib import Path
 import pytest
 
 from bench import kubespawner_suite as suite
+from gpulab.devcluster.agent import netpolicy
+from tests.harness.kube import Kube, pod_manifest
+from tests.harness.ports import free_port
+from tests.harness.wait import wait_for
 
 FAKE_JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" errors="2" failures="2" skipped="1" tests="7">
@@ -226,3 +232,61 @@ def test_the_whole_suite_against_a_dev_cluster_keeps_its_baseline():
     assert summary.passed + summary.failed + summary.errors == 207
     assert summary.cluster_tests == 20
     assert summary.cluster_tests_passed >= 9 and summary.passed >= 195
+
+
+# a server on every address of the machine, as the suite's hub and proxy listen (no "0.0.0.0"
+# in the command: the node agent would rewrite it to the pod IP)
+LISTEN_EVERYWHERE = """
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("", int(sys.argv[1])))
+s.listen(16)
+while True:
+    s.accept()[0].close()
+"""
+
+
+def _machine_address() -> str | None:
+    """An address of this machine outside 127.0.0.0/8: a connection to it comes from it, as one
+    from another machine comes from outside the loopback range."""
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        address = line.split()[3].split("/")[0]
+        if not address.startswith("127."):
+            return address
+    return None
+
+
+def _connect(host: str, port: int) -> str:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return "open"
+    except ConnectionRefusedError:
+        return "refused"
+
+
+@pytest.mark.skipif(
+    netpolicy.unavailable_reason() is not None,
+    reason=f"the node agent cannot enforce NetworkPolicies here: {netpolicy.unavailable_reason()}",
+)
+def test_the_suites_namespaces_admit_connections_from_this_machine_only(kube_ns: Kube) -> None:
+    address = _machine_address()
+    if address is None:
+        pytest.skip("this machine has no address outside 127.0.0.0/8 to connect from")
+    port = free_port()
+    name = kube_ns.name("everywhere")
+    manifest = pod_manifest(
+        name,
+        [sys.executable, "-c", LISTEN_EVERYWHERE, str(port)],
+        readinessProbe={"tcpSocket": {"port": port}, "periodSeconds": 1},
+    )
+    kube_ns.create_pod(manifest)
+    kube_ns.wait_ready(name)
+    # the contrast: without the policy the pod is reached on the machine's outside address
+    assert _connect(address, port) == "open"
+
+    suite.admit_this_machine_only(kube_ns.cluster, kube_ns.ns)
+    wait_for("the policy to refuse outside sources", lambda: _connect(address, port) == "refused")
+    assert _connect("127.0.0.1", port) == "open"  # the suite's pytest, probes and pods
+    assert kube_ns.pod(name)["status"]["containerStatuses"][0]["ready"] is True
