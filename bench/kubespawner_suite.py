@@ -13,10 +13,11 @@ finds it through `KUBECONFIG` alone, as it would find kind or minikube. Its sing
 `jupyterhub-singleuser` and its hub pods `jupyterhub`, which the node agent finds on its PATH
 (gpulab's venv). The plugin `bench/suite_plugins/kubespawner_cluster_tests.py` (loaded with
 `-p`) marks every test whose fixtures include the suite's `kube_client` as a cluster test in the
-junit xml, which is where the figures come from.
+junit xml, which is where the figures come from. The suite's namespaces are made beforehand
+with a NetworkPolicy that keeps other machines out (see MACHINE_ONLY_POLICY for why).
 
-    .venv/bin/python -m bench.kubespawner_suite [--suite-git URL|PATH] [-k EXPR] [--keep-xml F]
-    bash .ci/dev kubespawner-suite [same options]
+    .venv/bin/python -m bench.kubespawner_suite [--suite-git URL|PATH] [--keep-xml F] [-- ARGS]
+    bash .ci/dev kubespawner-suite [same options]      (ARGS go to the suite's pytest, e.g. -k)
 
 Last line: passed=<n> failed=<n> errors=<n> cluster_tests_passed=<k>/<m>.
 """
@@ -264,15 +265,22 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, check=True, text=True, capture_output=True)
+def _run(argv: list[str], *, quiet: bool = False) -> subprocess.CompletedProcess[str]:
+    """argv to completion; on failure its stderr is shown (unless quiet) and CalledProcessError
+    raised."""
+    done = subprocess.run(argv, text=True, capture_output=True)
+    if done.returncode and not quiet:
+        print(f"kubespawner_suite: {' '.join(argv[:4])} ...:\n{done.stderr}", file=sys.stderr)
+    done.check_returncode()
+    return done
 
 
 def _suite_from_sdist(version: str, work: Path, dest: Path) -> bool:
     """Download the release's sdist from the package index; copy its tests/ if it has them."""
     _run(
         [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
-         f"{DISTRIBUTION}=={version}", "-d", str(work)]
+         f"{DISTRIBUTION}=={version}", "-d", str(work)],
+        quiet=True,  # prepare() falls back to git and says why
     )  # fmt: skip
     sdist = next(work.glob("*.tar.gz"))
     with tarfile.open(sdist) as tar:
@@ -299,7 +307,10 @@ def _suite_from_git(version: str, source: str, work: Path, dest: Path) -> None:
         source = Path(source).resolve().as_uri()  # a shallow clone of a local path needs file://
     clone = work / "clone"
     try:
-        _run(["git", "clone", "-q", "--depth", "1", "--branch", version, source, str(clone)])
+        _run(
+            ["git", "clone", "-q", "--depth", "1", "--branch", version, source, str(clone)],
+            quiet=True,  # SuiteUnavailable says it
+        )
     except subprocess.CalledProcessError as exc:
         raise SuiteUnavailable(
             f"KubeSpawner {version}'s sdist has no tests/ and its tag could not be cloned from "
@@ -332,9 +343,16 @@ def prepare(version: str, suite_git: str, log: Callable[[str], None] = print) ->
                 suite.mkdir()
                 with tempfile.TemporaryDirectory() as work:
                     source = "PyPI sdist"
-                    if not _suite_from_sdist(version, Path(work), suite):
+                    try:
+                        from_sdist = _suite_from_sdist(version, Path(work), suite)
+                    except subprocess.CalledProcessError as exc:
+                        log(f"kubespawner_suite: no sdist from the index: {exc.stderr.strip()}")
+                        from_sdist = False
+                    if not from_sdist:
                         _suite_from_git(version, suite_git, Path(work), suite)
                         source = f"{suite_git} tag {version}"
+                # the venv is renamed into place below, so it is only ever run as
+                # venv/bin/python -m ...: its scripts' shebangs name the building folder
                 _run([sys.executable, "-m", "venv", str(building / "venv")])
                 _run(
                     [str(building / "venv/bin/python"), "-m", "pip", "install", "-q", *requirements]

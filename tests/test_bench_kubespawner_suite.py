@@ -6,10 +6,12 @@ keeps other machines away from the suite's pods. The whole run (a dev cluster an
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 
@@ -204,6 +206,50 @@ def test_the_suite_comes_from_the_release_tag_and_a_wrong_tag_is_refused(tmp_pat
         suite._suite_from_git("7.2.0", str(repo), tmp_path / "work2", tmp_path / "suite2")
     with pytest.raises(suite.SuiteUnavailable, match="could not be cloned"):
         suite._suite_from_git("9.9.9", str(repo), tmp_path / "work3", tmp_path / "suite3")
+
+
+def _fake_sdist(path: Path, files: dict[str, str]) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+
+
+def test_an_sdist_with_tests_gives_them_and_one_without_sends_to_git(tmp_path, monkeypatch):
+    """What the index hands out stands in for `pip download`: its tests/ and pyproject.toml are
+    taken, nothing outside tests/ (a member climbing out of it is left where it is)."""
+    contents: dict[str, str] = {}
+
+    def pip_download(argv: list[str], quiet: bool = False) -> None:
+        assert argv[1:4] == ["-m", "pip", "download"] and "jupyterhub-kubespawner==9.0.0" in argv
+        into = Path(argv[argv.index("-d") + 1])
+        into.mkdir(parents=True, exist_ok=True)
+        _fake_sdist(into / "jupyterhub_kubespawner-9.0.0.tar.gz", contents)
+
+    monkeypatch.setattr(suite, "_run", pip_download)
+    top = "jupyterhub_kubespawner-9.0.0"
+    contents.update(
+        {
+            f"{top}/pyproject.toml": "[tool.pytest.ini_options]\n",
+            f"{top}/kubespawner/__init__.py": "",
+            f"{top}/tests/conftest.py": "# conftest\n",
+            f"{top}/tests/test_a.py": "def test_a(): pass\n",
+            f"{top}/tests/../../escaped.txt": "out of the tree\n",
+        }
+    )
+    dest = tmp_path / "suite"
+    dest.mkdir()
+    assert suite._suite_from_sdist("9.0.0", tmp_path / "work", dest) is True
+    assert sorted(p.name for p in (dest / "tests").iterdir()) == ["conftest.py", "test_a.py"]
+    assert (dest / "pyproject.toml").exists() and not (dest / "kubespawner").exists()
+    assert not (tmp_path / "work/escaped.txt").exists()  # where extracting it would put it
+
+    del contents[f"{top}/tests/conftest.py"], contents[f"{top}/tests/test_a.py"]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert suite._suite_from_sdist("9.0.0", tmp_path / "work2", bare) is False
+    assert list(bare.iterdir()) == []
 
 
 def test_the_venv_cache_key_follows_version_and_pins():
