@@ -1,4 +1,4 @@
-"""Build kube-apiserver, kube-scheduler and kube-controller-manager once and cache them.
+"""Build kube-apiserver, kube-scheduler, kube-controller-manager and kube-proxy once; cache them.
 
 No Kubernetes server binary is in the registries this project can reach, but Debian's source
 package of Kubernetes 1.20.2 is, with its full ``vendor/`` tree, and Debian's Go builds it (see
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 KUBE_VERSION = "1.20.2"
-BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+#: kube-proxy: Services' ClusterIPs and NodePorts, as on a real node (iptables mode)
+BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kube-proxy")
 APT_PACKAGES = (
     "golang-go",
     "etcd-server",
@@ -50,7 +51,8 @@ def bin_dir() -> Path:
 
 
 def cached_binaries() -> dict[str, Path] | None:
-    """The three binaries if the cache holds all of them, else None."""
+    """The binaries if the cache holds all of them, else None (a cache from before kube-proxy
+    was added lacks it: the next build replaces the whole folder)."""
     d = bin_dir()
     paths = {name: d / name for name in BINARIES}
     if all(p.is_file() and os.access(p, os.X_OK) for p in paths.values()):
