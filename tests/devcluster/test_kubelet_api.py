@@ -249,6 +249,30 @@ async def test_exec_runs_as_the_pods_user_in_its_mount_and_pid_namespaces(
     assert not await asyncio.to_thread(os.path.exists, f"{only_here}/file")
 
 
+async def test_attach_streams_what_the_container_writes_from_then_on(
+    kube_ns: Kube, ws_core: client.CoreV1Api
+) -> None:
+    name = kube_ns.name("attach")
+    script = "i=0; while true; do i=$((i+1)); echo tick-$i; echo tock-$i >&2; sleep 0.3; done"
+    await asyncio.to_thread(_running, kube_ns, name, pod_manifest(name, ["sh", "-c", script]))
+    await asyncio.to_thread(_wait_output, kube_ns, name, 2)
+    resp = await ws_core.connect_get_namespaced_pod_attach(
+        name, kube_ns.ns, stdout=True, stderr=True, _preload_content=False
+    )
+    seen: dict[int, list[str]] = {1: [], 2: []}
+    async with resp as ws:
+        async for msg in ws:
+            channel, data = msg.data[0], msg.data[1:]
+            if data and channel in seen:
+                seen[channel] += data.decode().split()
+            if len(seen[1]) >= 2 and len(seen[2]) >= 2:
+                break
+    # consecutive lines of the running loop, each on its own stream
+    ticks = [int(t.removeprefix("tick-")) for t in seen[1]]
+    tocks = [int(t.removeprefix("tock-")) for t in seen[2]]
+    assert ticks[1] == ticks[0] + 1 and tocks[1] == tocks[0] + 1, seen
+
+
 # -- who may call the kubelet -------------------------------------------------------------------
 
 
