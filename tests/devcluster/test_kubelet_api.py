@@ -218,6 +218,30 @@ async def test_exec_streams_stdout_stderr_stdin_and_the_exit_code(
     assert code == 0 and out.startswith(b"/dev/pts/"), out
 
 
+async def test_an_exec_whose_client_goes_away_is_stopped(
+    kube_ns: Kube, ws_core: client.CoreV1Api
+) -> None:
+    name = kube_ns.name("exec-gone")
+    await asyncio.to_thread(_running, kube_ns, name, pod_manifest(name, ["sleep", "600"]))
+    resp = await ws_core.connect_get_namespaced_pod_exec(
+        name,
+        kube_ns.ns,
+        command=["sh", "-c", "echo $$; exec sleep 1000"],
+        stdout=True,
+        stderr=True,
+        _preload_content=False,
+    )
+    async with resp as ws:
+        async for msg in ws:
+            if msg.data[0] == 1 and msg.data[1:].strip():
+                pid = int(msg.data[1:])
+                break
+    # its PID (in the pod's namespace) is gone once the websocket is closed
+    gone = f"while kill -0 {pid} 2>/dev/null; do sleep 0.1; done; echo gone"
+    out, _, code = await asyncio.wait_for(_exec(ws_core, kube_ns, name, ["sh", "-c", gone]), 30)
+    assert (out, code) == (b"gone\n", 0)
+
+
 async def test_exec_runs_as_the_pods_user_in_its_mount_and_pid_namespaces(
     kube_ns: Kube, ws_core: client.CoreV1Api
 ) -> None:
