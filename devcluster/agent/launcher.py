@@ -3,11 +3,13 @@
     python launcher.py SPEC.json [FD]    (status lines go to FD, default 3: the agent's pipe)
 
 SPEC: {"argv": [...], "env": {...}, "workingDir": "/x", "mounts": [{"source", "target",
-"readOnly", "file"}], "identity": {"uid", "gid", "groups", "noNewPrivs", "dropCapabilities"}}.
-Three processes, like a container runtime with tini:
+"readOnly", "file"}], "identity": {"uid", "gid", "groups", "noNewPrivs", "dropCapabilities"},
+"logPath": "CONTAINER.log"}. Three processes, like a container runtime with tini:
 
 - this launcher (host PID namespace; dies with the agent via PDEATHSIG) unshares mount + PID
-  namespaces, makes mounts private and bind-mounts the volumes at their mount paths;
+  namespaces, makes mounts private and bind-mounts the volumes at their mount paths; then, as
+  containerd's shim, it writes what the container sends to its stdout and stderr pipes to
+  logPath as CRI log records (crilog.py);
 - its child is PID 1 of the new namespace: mounts /proc, becomes the container's identity (drops
   capabilities from the bounding set, sets no_new_privs, groups, gid, uid: nothing in the pod's
   namespace keeps root's powers), forwards signals, reaps orphans and exits with the container's
