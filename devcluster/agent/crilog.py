@@ -15,6 +15,7 @@ time 0, so nothing written to the file is ever lost to a reader.
 from __future__ import annotations
 
 import calendar
+import functools
 import os
 import re
 import time
@@ -57,13 +58,18 @@ class Record:
         return self.content if self.partial else self.content + b"\n"
 
 
+@functools.lru_cache(maxsize=1024)
+def _epoch_seconds(stamp: bytes) -> int:
+    # strptime is most of a line's parsing time; the lines of one second share their prefix
+    return calendar.timegm(time.strptime(stamp.decode(), "%Y-%m-%dT%H:%M:%S"))
+
+
 def parse_line(line: bytes) -> Record:
     line = line.rstrip(b"\n")
     m = _RECORD.match(line)
     if not m:
         return Record(0, "stdout", False, line)
-    secs = calendar.timegm(time.strptime(m.group(1).decode(), "%Y-%m-%dT%H:%M:%S"))
-    ns = secs * 1_000_000_000 + int((m.group(2) or b"").ljust(9, b"0"))
+    ns = _epoch_seconds(m.group(1)) * 1_000_000_000 + int((m.group(2) or b"").ljust(9, b"0"))
     return Record(ns, m.group(3).decode(), m.group(4) == b"P", line[m.end() :])
 
 
@@ -72,6 +78,18 @@ def records(data: bytes) -> Iterator[Record]:
     for line in data.splitlines(keepends=True):
         if line.endswith(b"\n"):
             yield parse_line(line)
+
+
+def tail_start(data: bytes, lines: int) -> int:
+    """Where the last `lines` complete lines of `data` (which ends with a newline) begin."""
+    if lines <= 0:
+        return len(data)
+    pos = len(data) - 1
+    for _ in range(lines):
+        pos = data.rfind(b"\n", 0, pos)
+        if pos < 0:
+            return 0
+    return pos + 1
 
 
 def plain(data: bytes) -> bytes:

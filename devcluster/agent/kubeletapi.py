@@ -104,6 +104,22 @@ def _text_error(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message)
 
 
+def _status_error(status: int, message: str) -> web.Response:
+    """A refused exec or attach upgrade as a metav1.Status: what clients decode and print
+    (kubectl: "Error from server (BadRequest): <message>")."""
+    reasons = {400: "BadRequest", 404: "NotFound"}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reasons.get(status, "InternalError"),
+        "code": status,
+    }
+    return web.json_response(body, status=status)
+
+
 class KubeletServer:
     """One node's kubelet API; start() binds ip:port with the node's serving certificate."""
 
@@ -134,18 +150,20 @@ class KubeletServer:
             await self.runner.cleanup()
             self.runner = None
 
-    def _container(self, request: web.Request) -> tuple[PodWorker, ContainerState] | web.Response:
+    def _container(
+        self, request: web.Request, error: Callable[[int, str], web.Response] = _text_error
+    ) -> tuple[PodWorker, ContainerState] | web.Response:
         ns, pod, name = (request.match_info[k] for k in ("ns", "pod", "container"))
         worker = self.pods.find(ns, pod)
         if worker is None:
-            return _text_error(404, f'pod "{ns}/{pod}" not found on node {self.node_name}')
+            return error(404, f'pod "{ns}/{pod}" not found on node {self.node_name}')
         uid = request.match_info.get("uid")
         if uid and uid != worker.uid:
-            return _text_error(404, f'pod "{ns}/{pod}" with uid {uid} not found')
+            return error(404, f'pod "{ns}/{pod}" with uid {uid} not found')
         for cs in [*worker.init, *worker.containers]:
             if cs.name == name:
                 return worker, cs
-        return _text_error(404, f'container "{name}" not found in pod "{ns}/{pod}"')
+        return error(404, f'container "{name}" not found in pod "{ns}/{pod}"')
 
     # -- logs -------------------------------------------------------------------------------
 
@@ -205,10 +223,9 @@ class KubeletServer:
             data = await asyncio.to_thread(fh.read)
             complete = data[: data.rfind(b"\n") + 1]
             rest = data[len(complete) :]
-            recs = list(crilog.records(complete))
-            if tail is not None:
-                recs = recs[-tail:] if tail > 0 else []
-            more = await send(recs)
+            if tail is not None:  # only the end is parsed: a long log's tail stays cheap
+                complete = complete[crilog.tail_start(complete, tail) :]
+            more = await send(list(crilog.records(complete)))
             while follow and not previous and more:
                 ended = proc is None or not proc.running
                 chunk = await asyncio.to_thread(fh.read)
@@ -228,15 +245,15 @@ class KubeletServer:
     # -- exec and attach --------------------------------------------------------------------
 
     async def exec(self, request: web.Request) -> web.StreamResponse:
-        found = self._container(request)
+        found = self._container(request, _status_error)
         if isinstance(found, web.Response):
             return found
         worker, cs = found
         command = request.query.getall("command", [])
         if not command:
-            return _text_error(400, "exec needs a command")
+            return _status_error(400, "exec needs a command")
         if cs.proc is None or not cs.running:
-            return _text_error(400, f'container "{cs.name}" is not running')
+            return _status_error(400, f'container "{cs.name}" is not running')
         channels = _Channels.requested(request)
         if isinstance(channels, web.Response):
             return channels
@@ -249,25 +266,25 @@ class KubeletServer:
                 tty=channels.tty,
             )
         except StartError as e:
-            return _text_error(400, str(e))
+            return _status_error(400, str(e))
         ws = await channels.accept(request)
         await _Session(ws, channels, argv, cs.env).run()
         return ws
 
     async def attach(self, request: web.Request) -> web.StreamResponse:
-        found = self._container(request)
+        found = self._container(request, _status_error)
         if isinstance(found, web.Response):
             return found
         worker, cs = found
         if cs.proc is None or not cs.running:
-            return _text_error(400, f'container "{cs.name}" is not running')
+            return _status_error(400, f'container "{cs.name}" is not running')
         channels = _Channels.requested(request)
         if isinstance(channels, web.Response):
             return channels
         if channels.stdin or channels.tty:
             # containers run with stdin closed and no terminal here (a pod's `stdin`/`tty` are
             # not simulated): what the runtime answers for such a container
-            return _text_error(400, f'container "{cs.name}" has no stdin or tty to attach to')
+            return _status_error(400, f'container "{cs.name}" has no stdin or tty to attach to')
         ws = await channels.accept(request)
         await _attach_output(ws, channels, worker.dir / f"{cs.name}.log", cs)
         return ws
@@ -285,7 +302,7 @@ class _Channels:
     @classmethod
     def requested(cls, request: web.Request) -> _Channels | web.Response:
         if request.headers.get("Upgrade", "").lower().startswith("spdy"):
-            return _text_error(
+            return _status_error(
                 400,
                 "the gpulab dev cluster's kubelet speaks websocket (v4/v5.channel.k8s.io), not "
                 "SPDY: use a websocket client (kubectl 1.30+, kubernetes_asyncio.stream)",

@@ -22,6 +22,7 @@ from kubernetes_asyncio.client.rest import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 
 from gpulab.devcluster import DevCluster
+from gpulab.devcluster.agent import crilog
 from gpulab.devcluster.agent.kube import api_client
 from gpulab.devcluster.pki import KubeletPKI
 from tests.harness.kube import Kube, pod_manifest
@@ -97,6 +98,41 @@ async def _exec(
                 code = WsApiClient.parse_error_data(data)
     assert code is not None, "no Status on the error channel"
     return out, err, code
+
+
+# -- the CRI log format (no cluster) ------------------------------------------------------------
+
+
+def test_cri_records_round_trip_long_and_unfinished_lines(tmp_path: Path) -> None:
+    log = tmp_path / "c.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        out, err = crilog.StreamWriter(fd, "stdout"), crilog.StreamWriter(fd, "stderr")
+        out.feed(b"first\nsec")  # "sec" waits for the rest of its line
+        err.feed(b"oops\n")
+        out.feed(b"ond\n" + b"x" * (crilog.MAX_RECORD_BYTES + 5) + b"\nno newline")
+        out.close()
+    finally:
+        os.close(fd)
+    data = log.read_bytes()
+    recs = list(crilog.records(data))
+    assert [(r.stream, r.partial, r.content[:6]) for r in recs] == [
+        ("stdout", False, b"first"),
+        ("stderr", False, b"oops"),
+        ("stdout", False, b"second"),
+        ("stdout", True, b"xxxxxx"),
+        ("stdout", False, b"xxxxx"),
+        ("stdout", False, b"no new"),
+    ]
+    assert all(STAMPED.match(line.decode()[:35] + " x") for line in data.splitlines())
+    long_line = b"x" * (crilog.MAX_RECORD_BYTES + 5) + b"\n"
+    assert crilog.plain(data) == b"first\noops\nsecond\n" + long_line + b"no newline\n"
+    assert crilog.plain(data[crilog.tail_start(data, 2) :]) == b"xxxxx\nno newline\n"
+    # a line not in the format (a launcher's own crash output) is kept as it is
+    assert crilog.plain(b"Traceback: boom\n") == b"Traceback: boom\n"
+    stamp = crilog.rfc3339_nano(1_700_000_000_120_000_000, trim=True)
+    assert stamp == "2023-11-14T22:13:20.12Z"
+    assert crilog.parse_time(stamp) == 1_700_000_000_120_000_000
 
 
 # -- logs ---------------------------------------------------------------------------------------
