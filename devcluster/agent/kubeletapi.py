@@ -137,7 +137,11 @@ class KubeletServer:
                 app.router.add_get(route, handler)
                 app.router.add_post(route, handler)
         app.router.add_get("/healthz", lambda _r: self._ok())
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # a stopping node (simulated failure, agent exit) cancels open follows and exec sessions
+        # after a second instead of waiting for them (aiohttp's default: 60 s)
+        self.runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=1.0
+        )
         await self.runner.setup()
         await web.TCPSite(self.runner, ip, port, ssl_context=tls).start()
         log.info("node %s: kubelet API on https://%s:%d", self.node_name, ip, port)

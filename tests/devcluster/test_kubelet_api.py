@@ -228,6 +228,31 @@ async def test_follow_yields_a_line_written_after_the_request(
         resp.release()
 
 
+async def test_a_node_stops_with_a_log_follow_open_and_the_follow_ends(
+    kube: Kube, core: client.CoreV1Api, dev_cluster: DevCluster
+) -> None:
+    name = kube.name("follow-stop")
+    script = "while true; do echo tick; sleep 0.3; done"
+    await asyncio.to_thread(
+        _running, kube, name, pod_manifest(name, ["sh", "-c", script], node="gpu-fail")
+    )
+    resp = await core.read_namespaced_pod_log(name, kube.ns, follow=True, _preload_content=False)
+    try:
+        assert await asyncio.wait_for(resp.content.readline(), 30) == b"tick\n"
+        # the control API answers (a node's stop used to wait for open follows to end)
+        await asyncio.to_thread(dev_cluster.stop_node, "gpu-fail")
+        try:
+            rest = await asyncio.wait_for(resp.content.read(), 30)
+        finally:
+            await asyncio.to_thread(dev_cluster.start_node, "gpu-fail")
+        assert set(rest.split()) <= {b"tick"}
+    finally:
+        resp.release()
+    await asyncio.to_thread(
+        wait_for, "gpu-fail Ready again", lambda: kube.node_ready("gpu-fail") == "True", 60
+    )
+
+
 # -- exec ---------------------------------------------------------------------------------------
 
 
