@@ -277,6 +277,24 @@ async def test_exec_streams_stdout_stderr_stdin_and_the_exit_code(
     assert sorted(str(both).split()) == ["a", "b"]
     out, _, code = await _exec(ws_core, kube_ns, name, ["sh", "-c", "tty"], tty=True)
     assert code == 0 and out.startswith(b"/dev/pts/"), out
+    # a terminal takes its size from the resize channel (sent before the line stty waits for)
+    resp = await ws_core.connect_get_namespaced_pod_exec(
+        name,
+        kube_ns.ns,
+        command=["sh", "-c", "read line; stty size"],
+        stdin=True,
+        stdout=True,
+        tty=True,
+        _preload_content=False,
+    )
+    out = b""
+    async with resp as ws:
+        await ws.send_bytes(b"\x04" + json.dumps({"Width": 123, "Height": 45}).encode())
+        await ws.send_bytes(b"\x00go\r")
+        async for msg in ws:
+            if msg.data[0] == 1:
+                out += msg.data[1:]
+    assert out.splitlines()[-1] == b"45 123", out
 
 
 async def test_an_exec_whose_client_goes_away_is_stopped(
