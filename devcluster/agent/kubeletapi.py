@@ -471,9 +471,10 @@ class _Session:
             if channel == STDIN and self.ch.stdin:
                 await self._write_stdin(proc, data)
             elif channel == RESIZE and self.master is not None and data:
-                size = json.loads(data)
-                winsize = struct.pack("HHHH", int(size["Height"]), int(size["Width"]), 0, 0)
-                fcntl.ioctl(self.master, termios.TIOCSWINSZ, winsize)
+                with contextlib.suppress(ValueError, KeyError, TypeError, OSError, struct.error):
+                    size = json.loads(data)  # a malformed resize is ignored, as the kubelet does
+                    winsize = struct.pack("HHHH", int(size["Height"]), int(size["Width"]), 0, 0)
+                    fcntl.ioctl(self.master, termios.TIOCSWINSZ, winsize)
             elif channel == CLOSE and data[:1] == bytes([STDIN]):  # v5: the client's stdin ended
                 self._close_stdin(proc)
         if proc.returncode is None:  # the client went away: so does the command
