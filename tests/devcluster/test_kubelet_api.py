@@ -5,6 +5,7 @@ kubelet port itself refusing everyone but the API server (mTLS)."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -164,8 +166,12 @@ async def test_pod_log_through_the_api_server_plain_tail_timestamps_and_limit(
         "two",
         "three",
     ]
-    # everything it wrote is older than the next second
+    # sinceSeconds keeps what was written in the last N seconds: all of it within an hour, none
+    # of it within the last second once two have passed since the last line
     assert await log(since_seconds=3600) == whole
+    newest = max(crilog.parse_time(m.group(1)) for m in matches if m)
+    await asyncio.sleep(max(0.0, newest / 1e9 + 2 - time.time()))
+    assert await log(since_seconds=1) == ""
     with pytest.raises(ApiException) as e:
         await log(previous=True)
     assert e.value.status == 400
@@ -387,8 +393,6 @@ def _kubelet_address(kube: Kube, node: str) -> tuple[str, int]:
 
 def _kubelet_get(address: tuple[str, int], path: str, ctx: ssl.SSLContext) -> str:
     """GET over TLS with `ctx`; the status line, or the TLS/connection error's class."""
-    import http.client
-
     conn = http.client.HTTPSConnection(*address, context=ctx, timeout=10)
     try:
         conn.request("GET", path)
@@ -466,7 +470,8 @@ def test_a_pods_process_cannot_use_the_kubelet_api(kube: Kube) -> None:
 
 
 @pytest.mark.skipif(
-    shutil.which("kubectl") is None, reason="kubectl is not installed (not installed for this)"
+    shutil.which("kubectl") is None,
+    reason="kubectl is not installed here (these tests install none)",
 )
 def test_kubectl_logs_and_exec(kube: Kube, tmp_path: Path) -> None:
     name = kube.name("kubectl")
