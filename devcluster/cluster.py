@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import build, procs
+from .pki import KubeletPKI
 from .spec import NodeSpec, default_nodes
 from .state import COMPONENTS, STATE_ENTRIES, ClusterState, DevClusterError, default_state_dir
 
@@ -146,6 +147,8 @@ class DevCluster(ClusterState):
             capture_output=True,
         )
         (sec / "tokens.csv").write_text(f"{state['token']},admin,admin,system:masters\n")
+        kubelet_pki = self._kubelet_pki
+        kubelet_pki.create()
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
         self._start(
             state,
@@ -184,6 +187,13 @@ class DevCluster(ClusterState):
                 "--allow-privileged=true",
                 f"--default-not-ready-toleration-seconds={t.toleration_seconds}",
                 f"--default-unreachable-toleration-seconds={t.toleration_seconds}",
+                # logs, exec and attach go to the node's kubelet API: at its InternalIP (a node
+                # name is no DNS name here), its serving certificate verified, the API server
+                # proving itself with a client certificate the kubelet API requires
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--kubelet-certificate-authority={kubelet_pki.ca_cert}",
+                f"--kubelet-client-certificate={kubelet_pki.client_cert}",
+                f"--kubelet-client-key={kubelet_pki.client_key}",
             ],
         )
         self._write_kubeconfig(state)
@@ -287,12 +297,17 @@ class DevCluster(ClusterState):
                 f"--state-dir={agent_dir}",
                 f"--nodes-file={nodes_file}",
                 f"--heartbeat-seconds={self.timing.heartbeat_seconds}",
+                f"--kubelet-pki={self._kubelet_pki.folder}",
             ],
             env=env,
         )
         names = {n.name for n in nodes}
         self._wait("node agent", deadline, lambda: (agent_dir / "control.json").exists())
         self._wait(f"nodes {sorted(names)} Ready", deadline, lambda: self._nodes_ready(names))
+
+    @property
+    def _kubelet_pki(self) -> KubeletPKI:
+        return KubeletPKI(self.state_dir / "secrets" / "kubelet")
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -313,15 +328,19 @@ class DevCluster(ClusterState):
         self._agent("POST", f"/nodes/{name}/start")
 
     def logs(self, pod: str, namespace: str = "default", container: str | None = None) -> str:
-        """A container's output (stdout + stderr), like `kubectl logs`; "" when there is none.
+        """A container's output (stdout + stderr) since its last start, as `kubectl logs`
+        prints it; "" when there is none (all containers' when `container` is None).
 
-        The file lives until the pod is deleted: STATE/agent/pods/NS_POD_UID/CONTAINER.log.
+        The file lives until the pod is deleted: STATE/agent/pods/NS_POD_UID/CONTAINER.log, in
+        the CRI log format (agent/crilog.py); the run before a restart is CONTAINER.log.previous.
         """
+        from .agent import crilog
+
         dirs = sorted((self.state_dir / "agent" / "pods").glob(f"{namespace}_{pod}_*"))
         if not dirs:
             return ""
         files = sorted(dirs[-1].glob(f"{container or '*'}.log"))
-        return "".join(f.read_text(errors="replace") for f in files)
+        return "".join(crilog.plain(f.read_bytes()).decode(errors="replace") for f in files)
 
     # -- down -------------------------------------------------------------------------------
 

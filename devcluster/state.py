@@ -1,11 +1,12 @@
 """A dev cluster's state directory and how to talk to the cluster that runs from it.
 
-Everything listens on 127.0.0.1 on free ports and lives in one state directory::
+Everything listens on 127.0.0.1 on free ports (but the nodes' kubelet APIs: each on its node's
+address, port 10250) and lives in one state directory::
 
     STATE/cluster.json   ports, token, PIDs (with start times), nodes, timing
     STATE/kubeconfig     bearer token, https://127.0.0.1:PORT, insecure-skip-tls-verify
     STATE/logs/*.log     one log per process
-    STATE/etcd, certs, secrets, agent/   data (removed by down())
+    STATE/etcd, certs, secrets, agent/   data (removed by down()); secrets/kubelet: the kubelet CA
 
 `ClusterState` reads that directory, waits for components and makes the small blocking API and
 node-agent calls; `cluster.DevCluster` starts and stops the processes on top of it.

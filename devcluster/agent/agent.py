@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import zlib
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,12 @@ from urllib.parse import urlparse
 
 from kubernetes_asyncio import client
 
+from ..pki import KubeletPKI
 from ..spec import NodeSpec
 from . import netpolicy
 from .devices import Devices
 from .kube import Events, api_client, log, watch_forever
+from .kubeletapi import KUBELET_PORT, KubeletServer, server_context
 from .nodes import NodeHeartbeat
 from .pods import PodManager
 from .podstate import IPPool, NodeContext
@@ -65,6 +68,9 @@ class SimulatedNode:
             netpol=agent.netpol,
         )
         self.pods = PodManager(self.ctx)
+        self.kubelet = KubeletServer(spec.name, self.pods)
+        #: TLS of the node's kubelet API (None: no kubelet API, the agent has no CA)
+        self.kubelet_tls: ssl.SSLContext | None = None
         self.tasks: list[asyncio.Task[Any]] = []
 
     @property
@@ -76,7 +82,25 @@ class SimulatedNode:
             self.tasks = [
                 asyncio.create_task(self.heartbeat.run()),
                 asyncio.create_task(self.pods.run()),
+                asyncio.create_task(self._serve_kubelet()),
             ]
+
+    async def _serve_kubelet(self) -> None:
+        """The kubelet API while the node runs (a stopped node answers nothing, as a failed
+        machine), at the address the Node reports."""
+        if self.kubelet_tls is None:
+            return
+        try:
+            await self.kubelet.start(self.ip, KUBELET_PORT, self.kubelet_tls)
+        except OSError as e:
+            log.error(
+                "node %s: no kubelet API on %s:%d: %s", self.spec.name, self.ip, KUBELET_PORT, e
+            )
+            return
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.kubelet.stop()
 
     async def stop(self) -> None:
         tasks, self.tasks = self.tasks, []
@@ -88,8 +112,15 @@ class SimulatedNode:
 
 class Agent:
     def __init__(
-        self, kubeconfig: str, state_dir: Path, nodes: list[NodeSpec], heartbeat: float
+        self,
+        kubeconfig: str,
+        state_dir: Path,
+        nodes: list[NodeSpec],
+        heartbeat: float,
+        *,
+        kubelet_pki: KubeletPKI | None = None,
     ) -> None:
+        self.kubelet_pki = kubelet_pki
         self.kubeconfig, self.state_dir, self.specs, self.heartbeat = (
             kubeconfig,
             state_dir,
@@ -133,6 +164,7 @@ class Agent:
         policies = await self._start_network_policies()
         for i, spec in enumerate(self.specs):
             self.nodes[spec.name] = SimulatedNode(self, spec, i)
+        await self._kubelet_certificates()
         volumes, snapshot_store = self.state_dir / "volumes", self.state_dir / "snapshots"
         provisioner = asyncio.gather(
             Provisioner(self.api, volumes, snapshot_store).run(),
@@ -164,6 +196,21 @@ class Agent:
         if self.netpol is not None:
             await self.netpol.remove()
         await self.api.close()
+
+    async def _kubelet_certificates(self) -> None:
+        """Each node's serving certificate for the IP its Node object reports, signed by the
+        cluster's kubelet CA (the API server verifies it)."""
+        if self.kubelet_pki is None:
+            log.warning("no kubelet CA given (--kubelet-pki): nodes serve no kubelet API")
+            return
+        pki_dir = self.state_dir / "pki"  # the nodes' keys: the agent's alone
+        pki_dir.mkdir(mode=0o700, exist_ok=True)
+        for node in self.nodes.values():
+            key, cert = pki_dir / f"{node.spec.name}.key", pki_dir / f"{node.spec.name}.crt"
+            await asyncio.to_thread(
+                self.kubelet_pki.sign_serving, node.spec.name, node.ip, key, cert
+            )
+            node.kubelet_tls = server_context(self.kubelet_pki, cert, key)
 
     async def _start_network_policies(self) -> asyncio.Future[Any] | None:
         """One nft table for all the agent's pods, kept current from NetworkPolicies and

@@ -152,6 +152,7 @@ class ContainerRunner(PodState):
             if not covered(t):
                 self.held += self.node.host_paths.acquire(t, is_file=m["file"])
         wd = cs.spec.get("workingDir") or (str(self.dir / "home") if as_agent else "/")
+        cs.working_dir = wd
         if not covered(Path(wd)) and Path(wd) not in targets and not Path(wd).exists():
             self.held += self.node.host_paths.acquire(Path(wd))
         return {
@@ -197,9 +198,12 @@ class ContainerRunner(PodState):
             return False
         except (StartError, ValueError) as e:
             return await self._start_failed(cs, str(e))
-        cs.proc = ContainerProcess(
-            cs.name, self.dir / f"{cs.name}.json", self.dir / f"{cs.name}.log"
-        )
+        log_file = self.dir / f"{cs.name}.log"
+        if log_file.exists():
+            # the last run's output stays readable (kubectl logs --previous), one run back as
+            # with a kubelet
+            log_file.replace(log_file.with_name(f"{cs.name}.log.previous"))
+        cs.proc = ContainerProcess(cs.name, self.dir / f"{cs.name}.json", log_file)
         try:
             await cs.proc.start(launch)
         except StartError as e:
@@ -373,9 +377,13 @@ class ContainerRunner(PodState):
                 w.close()
                 return True
             if "exec" in probe and cs.proc is not None:
-                wd = cs.spec.get("workingDir")
                 rc = await cs.proc.exec(
-                    probe["exec"]["command"], cs.env, wd, timeout, identity=cs.identity
+                    probe["exec"]["command"],
+                    cs.env,
+                    cs.working_dir,
+                    timeout,
+                    identity=cs.identity,
+                    cgroup_procs=self.cgroup_procs,
                 )
                 return rc == 0
         except (OSError, asyncio.TimeoutError, aiohttp.ClientError, ValueError):

@@ -3,11 +3,13 @@
     python launcher.py SPEC.json [FD]    (status lines go to FD, default 3: the agent's pipe)
 
 SPEC: {"argv": [...], "env": {...}, "workingDir": "/x", "mounts": [{"source", "target",
-"readOnly", "file"}], "identity": {"uid", "gid", "groups", "noNewPrivs", "dropCapabilities"}}.
-Three processes, like a container runtime with tini:
+"readOnly", "file"}], "identity": {"uid", "gid", "groups", "noNewPrivs", "dropCapabilities"},
+"logPath": "CONTAINER.log"}. Three processes, like a container runtime with tini:
 
 - this launcher (host PID namespace; dies with the agent via PDEATHSIG) unshares mount + PID
-  namespaces, makes mounts private and bind-mounts the volumes at their mount paths;
+  namespaces, makes mounts private and bind-mounts the volumes at their mount paths; then, as
+  containerd's shim, it writes what the container sends to its stdout and stderr pipes to
+  logPath as CRI log records (crilog.py);
 - its child is PID 1 of the new namespace: mounts /proc, becomes the container's identity (drops
   capabilities from the bounding set, sets no_new_privs, groups, gid, uid: nothing in the pod's
   namespace keeps root's powers), forwards signals, reaps orphans and exits with the container's
@@ -23,9 +25,12 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import signal
 import stat
 import sys
+
+import crilog  # this folder: the launcher runs by path, its folder is sys.path[0]
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -227,6 +232,25 @@ def _init(spec, err_w) -> None:
     os._exit(code)
 
 
+def _copy_output(spec, streams) -> None:
+    """The container's output as CRI records in its log file, until every process of the pod
+    that holds the pipes is gone (they all are once PID 1 of the namespace exits)."""
+    log_fd = os.open(spec["logPath"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    writers = {fd: crilog.StreamWriter(log_fd, name) for fd, name in streams.items()}
+    open_fds = list(writers)
+    while open_fds:
+        ready, _, _ = select.select(open_fds, [], [])
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if chunk:
+                writers[fd].feed(chunk)
+            else:
+                writers[fd].close()
+                os.close(fd)
+                open_fds.remove(fd)
+    os.close(log_fd)
+
+
 def main() -> int:
     _pdeathsig()
     with open(sys.argv[1]) as fh:
@@ -239,12 +263,23 @@ def main() -> int:
         _report(status, event="failed", reason="StartError", message=f"mounting volumes: {e}")
         return 128
     err_r, err_w = os.pipe()  # close-on-exec: EOF without data means the exec succeeded
+    # the container's stdout and stderr come back here, to be written as CRI log records (as
+    # containerd's shim does): the kubelet API needs each line's stream and time
+    out_r, out_w = os.pipe()
+    errout_r, errout_w = os.pipe()
     init = os.fork()
     if init == 0:
         status.close()
-        os.close(err_r)
+        for fd in (err_r, out_r, errout_r):
+            os.close(fd)
+        os.dup2(out_w, 1)
+        os.dup2(errout_w, 2)
+        os.close(out_w)
+        os.close(errout_w)
         _init(spec, err_w)
     os.close(err_w)
+    os.close(out_w)
+    os.close(errout_w)
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _f: os.kill(init, s))
     msg = b""
@@ -255,6 +290,7 @@ def main() -> int:
         _report(status, event="failed", reason="StartError", message=msg.decode(errors="replace"))
     else:
         _report(status, event="started", pid=init)
+    _copy_output(spec, {out_r: "stdout", errout_r: "stderr"})
     _, st = os.waitpid(init, 0)
     code = os.waitstatus_to_exitcode(st)
     code = 128 - code if code < 0 else code

@@ -11,6 +11,7 @@ from kubernetes_asyncio import client
 from .. import spec as nodespec
 from ..spec import NodeSpec
 from .kube import JSON_PATCH, MERGE, STRATEGIC, log, now, now_micro, raw, status_of
+from .kubeletapi import KUBELET_PORT
 
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_SECONDS = 40
@@ -80,7 +81,7 @@ class NodeHeartbeat:
                 {"type": "InternalIP", "address": self.ip},
                 {"type": "Hostname", "address": self.spec.name},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
             "nodeInfo": nodespec.node_info(self.spec),
         }
 

@@ -234,9 +234,10 @@ class PodWorker(ContainerRunner):
             rc = await cs.proc.exec(
                 hook["exec"]["command"],
                 cs.env,
-                cs.spec.get("workingDir"),
+                cs.working_dir,
                 remaining,
                 identity=cs.identity,
+                cgroup_procs=self.cgroup_procs,
             )
             if rc != 0:
                 await self.node.events.emit(
@@ -297,6 +298,12 @@ class PodManager:
         for k, v in list(self._finished.items()):
             if t - v > 600:
                 del self._finished[k]
+
+    def find(self, namespace: str, name: str) -> PodWorker | None:
+        """The worker of the pod namespace/name on this node (the newest, if a pod of that name
+        was recreated while the old one still stops)."""
+        found = [w for w in self.workers.values() if (w.ns, w.name) == (namespace, name)]
+        return next((w for w in reversed(found) if not w.deleting), found[-1] if found else None)
 
     def pods(self) -> list[dict[str, Any]]:
         return [

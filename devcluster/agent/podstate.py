@@ -76,6 +76,8 @@ class ContainerState:
     last_state: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     identity: podsecurity.Identity | None = None
+    #: the process's working directory (workingDir, else the runtime's default); execs start there
+    working_dir: str | None = None
 
     @property
     def name(self) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import crilog
 from .kube import log, now
 from .podsecurity import CAPABILITIES, Identity, last_capability
 
@@ -132,8 +133,11 @@ class ContainerProcess:
     started_mono: float = field(default_factory=time.monotonic)
 
     async def start(self, launch: dict[str, Any], *, timeout: float = 30) -> None:
-        """Run launcher.py; returns once the exec succeeded, raises StartError otherwise."""
-        self.spec_file.write_text(json.dumps(launch))
+        """Run launcher.py; returns once the exec succeeded, raises StartError otherwise.
+
+        The launcher writes the container's output to log_file as CRI records; its own output
+        (a crash of the launcher) goes there as plain lines."""
+        self.spec_file.write_text(json.dumps({**launch, "logPath": str(self.log_file)}))
         r, w = os.pipe()
         try:
             with self.log_file.open("ab") as out:
@@ -221,6 +225,33 @@ class ContainerProcess:
         self.signal(signal.SIGKILL)
         return await self.wait()
 
+    def exec_argv(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None,
+        identity: Identity | None,
+        cgroup_procs: Path | None = None,
+        tty: bool = False,
+    ) -> list[str]:
+        """The host command that runs argv inside the container: its mount and PID namespaces
+        (nsenter), its identity (setpriv: an exec is no way back to root), its cgroup (so the
+        pod's NetworkPolicies cover what it connects to), a session of its own on the terminal
+        with tty (setsid -c: job control, ^C)."""
+        if not self.init_pid:
+            raise StartError(f"container {self.name} is not running")
+        cmd = ["nsenter", f"--target={self.init_pid}", "--mount", "--pid"]
+        if cwd:
+            cmd.append(f"--wd={cwd}")
+        cmd.append("--")
+        if tty:
+            cmd += ["setsid", "--wait", "--ctty"]
+        cmd += [*setpriv_prefix(identity), *argv]
+        if cgroup_procs is not None:
+            # as root, before nsenter forks: every process of the exec starts in the cgroup
+            cmd = ["sh", "-c", 'echo 0 > "$0" && exec "$@"', str(cgroup_procs), *cmd]
+        return cmd
+
     async def exec(
         self,
         argv: list[str],
@@ -229,23 +260,44 @@ class ContainerProcess:
         timeout: float,
         *,
         identity: Identity | None = None,
+        cgroup_procs: Path | None = None,
     ) -> int:
-        """Run argv inside the container's namespaces (nsenter), as a preStop or probe exec,
-        with the container's identity (an exec is no way back to root)."""
+        """Run argv inside the container as a preStop or probe exec (see exec_argv); its output
+        goes to the container's log, as CRI records."""
         if not self.running or not self.init_pid:
             return -1
-        cmd = ["nsenter", f"--target={self.init_pid}", "--mount", "--pid"]
-        if cwd:
-            cmd.append(f"--wd={cwd}")
-        cmd += ["--", *setpriv_prefix(identity)]
-        with self.log_file.open("ab") as out:
-            p = await asyncio.create_subprocess_exec(
-                *cmd, *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
-            )
+        cmd = self.exec_argv(argv, cwd=cwd, identity=identity, cgroup_procs=cgroup_procs)
+        p = await asyncio.create_subprocess_exec(
+            *cmd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        log_fd = os.open(self.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+        async def copy(stream: asyncio.StreamReader | None, name: str) -> None:
+            writer = crilog.StreamWriter(log_fd, name)
+            while stream is not None and (chunk := await stream.read(65536)):
+                writer.feed(chunk)
+            writer.close()
+
         try:
-            return await asyncio.wait_for(p.wait(), max(0.1, timeout))
+            await asyncio.wait_for(
+                asyncio.gather(copy(p.stdout, "stdout"), copy(p.stderr, "stderr"), p.wait()),
+                max(0.1, timeout),
+            )
+            return p.returncode if p.returncode is not None else -1
         except asyncio.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
+            kill_session(p.pid)
             await p.wait()
             return -1
+        finally:
+            os.close(log_fd)
+
+
+def kill_session(pid: int) -> None:
+    """SIGKILL an exec's process group (nsenter and the command it forked into the pod)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

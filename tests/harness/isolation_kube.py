@@ -218,7 +218,7 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
     and log where the node keeps them, the hub's and the cluster's secrets, the service-account
     token, the victim's processes, and connections to everything a pod must not reach. Every
     target is first shown to exist (and every address to answer) from outside the pod."""
-    victim_pod = _pod_of(cluster, VICTIM)
+    victim_pod, attacker_pod = _pod_of(cluster, VICTIM), _pod_of(cluster, ATTACKER)
     volume, pod_dir = _volume_of(cluster, victim_pod), _pod_dir(cluster, victim_pod)
     state, agent = hub.state_dir, cluster.state_dir / "agent"
     victim_snapshots = [p for p in (agent / "snapshots").rglob("diary.txt")]
@@ -240,6 +240,14 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
         "API server token file": str(cluster.state_dir / "secrets" / "tokens.csv"),
         "service-account signing key": str(cluster.state_dir / "secrets" / "sa.key"),
         "agent control address": str(agent / "control.json"),
+        # the kubelet API runs exec in any pod for whoever holds these (see agent/kubeletapi.py)
+        "kubelet CA key": str(cluster.state_dir / "secrets" / "kubelet" / "ca.key"),
+        "API server's kubelet client key": str(
+            cluster.state_dir / "secrets" / "kubelet" / "apiserver-kubelet-client.key"
+        ),
+        "node's kubelet serving key": str(
+            agent / "pki" / f"{attacker_pod['spec']['nodeName']}.key"
+        ),
     }
     missing = [name for name, path in reads.items() if not Path(path).is_file()]
     assert not missing, f"the probe's targets must exist to prove anything: {missing}"
@@ -266,6 +274,8 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
         "Kubernetes API server": ("127.0.0.1", cluster_state["ports"]["apiserver"]),
         "etcd (every Secret, unauthenticated)": ("127.0.0.1", cluster_state["ports"]["etcd"]),
         "node agent control API": ("127.0.0.1", control["port"]),
+        # exec into any pod, were it not for the NetworkPolicy and the client certificate it needs
+        "her node's kubelet API": (attacker_pod["status"]["hostIP"], 10250),
     }
     assert hub.proc is not None
     # the API and the metrics push are what servers must reach; the public address answers
