@@ -98,8 +98,8 @@ KNOWN_HARNESS_ISSUES: dict[str, tuple[str, str]] = {
 KNOWN_CLUSTER_GAPS: tuple[tuple[str, str], ...] = (
     (
         "error dialing backend",
-        "no kubelet API: the API server cannot dial the node for exec/logs (the suite checks a "
-        "started server from inside a pod with exec)",
+        "the API server could not reach the node's kubelet API for exec/logs (the agent's "
+        "kubeletapi; the suite checks a started server from inside a pod with exec)",
     ),
     (
         "where False = isinstance(None, int)",
