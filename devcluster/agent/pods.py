@@ -174,10 +174,14 @@ class PodWorker(ContainerRunner):
                 await cs.proc.kill_and_wait()
         self.node.host_paths.release(self.held)
         self.held = []
-        if self.node.netpol is not None and self.cgroup_procs is not None:
+        if self.node.netpol is not None and self.in_policy:
             with contextlib.suppress(RuntimeError):
                 await self.node.netpol.leave(self.uid)
-            self.cgroup_procs = None
+            self.in_policy = False
+        if self.node.network is not None and self.netns is not None:
+            with contextlib.suppress(RuntimeError):
+                await self.node.network.detach(self.ip or "")
+            self.netns = None
         self.node.ips.release(self.ip)
         self.node.devices.release(self.uid)
         if self.deleted:
