@@ -5,6 +5,7 @@ controller puts pod IPs into Services' Endpoints. Deleted pods, and a killed age
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.server
 import ipaddress
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 from gpulab.devcluster import DevCluster, NodeSpec
 from gpulab.devcluster.agent import netpolicy, podnet
@@ -184,3 +186,25 @@ def test_down_removes_the_network_a_killed_agent_left(make_dev_cluster) -> None:
     assert _our_links_and_namespaces(octet) == set()
     nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     assert netpolicy.table_name(octet) not in nft
+
+
+def test_a_cluster_never_takes_the_pod_network_of_another(tmp_path: Path) -> None:
+    """Two state dirs may ask for the same X: the second takes the next free one and leaves the
+    other cluster's bridge (and so its pods' network) alone."""
+    state = tmp_path / "agent"
+    first = podnet.address_octet(state)
+    foreign = podnet.bridge_name(first)
+    subprocess.run(["ip", "link", "add", foreign, "type", "bridge"], check=True)
+    try:
+        subprocess.run(["ip", "link", "set", foreign, "alias", "/another/cluster"], check=True)
+        network = podnet.PodNetwork(state, node_count=1)
+        octet = asyncio.run(network.start())
+        try:
+            assert octet != first
+            assert podnet.cluster_octet(state) == octet
+            assert (podnet.SYS_NET / foreign).exists()
+        finally:
+            asyncio.run(network.stop())
+        assert not (podnet.SYS_NET / podnet.bridge_name(octet)).exists()
+    finally:
+        subprocess.run(["ip", "link", "del", foreign], check=False)
