@@ -52,6 +52,7 @@ class ContainerRunner(PodState):
                     await self.node.netpol.join(self.pod, self.ip or "")
                     self.in_policy = True
                 if self.node.network is not None and self.netns is None:
+                    self.network_made = True  # _cleanup removes it, also when half made
                     self.netns = await self.node.network.attach(self.ip or "", self.node.host_ip)
                 return True
             except (RuntimeError, OSError) as e:

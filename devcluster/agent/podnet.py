@@ -9,16 +9,17 @@ never 10.96.0.0/16, the service CIDR, and another state dir's cluster has anothe
     10.A.N.1           node N's InternalIP
     10.A.N.2-254       node N's pods
 
-The host and node addresses sit on one bridge per agent, `gdcX-host`, that has no ports: it only
-holds them (this kernel has no dummy links). A pod's namespace `gdcX-N-K` (its IP's last octets)
-has `lo` and `eth0`, one end of a veth pair whose host end is named like the namespace; the pod's
-address is a /32 with the default route via its node's address, and the host routes the pod's
-/32 to the veth. So every packet between pods, or between a pod and the host, is routed by the
-host (no bridging): NetworkPolicy can filter it by address in the forward, input and output
-hooks (`netpolicy`), without br_netfilter. Forwarding is switched on for pod veths only (the
-machine's other interfaces keep their setting), reverse-path filtering on them drops a pod's
-packets with another source address than its own, and IPv6 is off on them (a link-local address
-would reach the host's IPv6 sockets past the IPv4 policy).
+The host and node addresses sit on one bridge per agent, `gdcX-host`, that has no ports: it
+only holds them (a dummy link would do, but not every kernel has the module). A pod's
+namespace `gdcX-N-K` (its IP's last octets) has `lo` and `eth0`, one end of a veth pair whose
+host end is named like the namespace; the pod's address is a /32 with the default route via its
+node's address, and the host routes the pod's /32 to the veth. So every packet between pods,
+or between a pod and the host, is routed by the host (no bridging): NetworkPolicy can filter it
+by address in the forward, input and output hooks (`netpolicy`), without br_netfilter.
+Forwarding is switched on for pod veths only (the machine's other interfaces keep their
+setting), reverse-path filtering on them drops a pod's packets with another source address
+than its own, and IPv6 is off on them (a link-local address would reach the host's IPv6
+sockets past the IPv4 policy).
 
 Everything is named by X, so `down` removes what a killed agent left (`remove_leftovers`). X is
 the state dir's own unless another live cluster holds it (its bridge exists with another owner):
@@ -211,7 +212,7 @@ class PodNetwork:
 
 
 def remove_leftovers(octet: int) -> list[str]:
-    """Every veth, namespace and the bridge named for agent `octet` (blocking); returns the names."""
+    """Every veth, namespace and the bridge named for agent `octet` (blocking); returns them."""
     removed = []
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     for line in links.splitlines():

@@ -178,10 +178,10 @@ class PodWorker(ContainerRunner):
             with contextlib.suppress(RuntimeError):
                 await self.node.netpol.leave(self.uid)
             self.in_policy = False
-        if self.node.network is not None and self.netns is not None:
+        if self.node.network is not None and self.network_made and self.ip:
             with contextlib.suppress(RuntimeError):
-                await self.node.network.detach(self.ip or "")
-            self.netns = None
+                await self.node.network.detach(self.ip)
+            self.netns, self.network_made = None, False
         self.node.ips.release(self.ip)
         self.node.devices.release(self.uid)
         if self.deleted:

@@ -142,6 +142,7 @@ class PodState:
         self.mount_message: str | None = None
         self.deleted = False  # gone from the API
         self.netns: Path | None = None  # the pod's network namespace (its containers enter it)
+        self.network_made = False  # the namespace and veth were (maybe partly) made
         self.in_policy = False  # the NetworkPolicy table covers the pod
         self.task: asyncio.Task[Any] | None = None
 

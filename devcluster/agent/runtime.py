@@ -230,8 +230,8 @@ class ContainerProcess:
         *,
         identity: Identity | None = None,
     ) -> int:
-        """Run argv inside the container's namespaces (nsenter: mount, PID, network), as a preStop or probe exec,
-        with the container's identity (an exec is no way back to root)."""
+        """Run argv inside the container's namespaces (nsenter: mount, PID, network), as a
+        preStop or probe exec, with the container's identity (an exec is no way back to root)."""
         if not self.running or not self.init_pid:
             return -1
         cmd = ["nsenter", f"--target={self.init_pid}", "--mount", "--pid", "--net"]
