@@ -38,11 +38,13 @@ async def run_local(tmp: Path) -> list[Attempt]:
 
 async def run_kube(tmp: Path) -> list[Attempt]:
     # the kube e2e tests' cluster and hub config, so the bench measures what the tests assert
-    from tests.harness.kube import KUBE_WORKSPACE_OVERLAY, SPAWNER_NODES
+    from tests.harness.kube import KUBE_WORKSPACE_OVERLAY, SPAWNER_NODES, kube_hub_overlay
 
     with running_dev_cluster(tmp / "cluster", SPAWNER_NODES) as cluster:
         hub = Hub(
-            tmp / "kube-hub", KUBE_WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)}
+            tmp / "kube-hub",
+            kube_hub_overlay(cluster, KUBE_WORKSPACE_OVERLAY),
+            env={"KUBECONFIG": str(cluster.kubeconfig)},
         )
         try:
             hub.start()

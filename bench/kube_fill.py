@@ -27,7 +27,7 @@ from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster, ensure_binaries
 from tests.harness.hub import Hub, merged
-from tests.harness.kube import KUBE_HUB_OVERLAY, SPAWNER_NODES
+from tests.harness.kube import KUBE_HUB_OVERLAY, SPAWNER_NODES, kube_hub_overlay
 from tests.harness.kube_fill import BACKENDS, FillResult, backend_overlay, fill
 
 #: what a stock KubeSpawner profile asks for, per backend (the 1/8 L40S share HAMi's way)
@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                 order = ["gpulab", "stock"] if k % 2 == 0 else ["stock", "gpulab"]
                 for who in order:  # alternate which spawner fills first
                     overlay = (
-                        backend_overlay(sharing)
+                        backend_overlay(sharing, cluster)
                         if who == "gpulab"
-                        else stock_overlay(sharing, node)
+                        else kube_hub_overlay(cluster, stock_overlay(sharing, node))
                     )
                     hub = Hub(root / f"{who}-{sharing}", overlay, env)
                     try:

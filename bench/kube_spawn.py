@@ -28,12 +28,13 @@ from traitlets.config import Config
 from bench._spawning import alternate, percentile, print_table
 from gpulab.devcluster import DevCluster, NodeSpec, ensure_binaries
 from tests.harness.hub import Hub, merged
+from tests.harness.kube import kube_hub_overlay
 
 NODE = NodeSpec("bench-a100", gpus=8, sharing="time-slicing", replicas=8, cpu=256, memory_gib=2048)
 
 COMMON = Config(
     {
-        "JupyterHub": {"hub_connect_ip": "127.0.0.1", "concurrent_spawn_limit": 200},
+        "JupyterHub": {"concurrent_spawn_limit": 200},
         "KubeSpawner": {
             "namespace": "default",
             "image": "gpulab/singleuser:dev",  # not pulled: the node agent runs cmd
@@ -109,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         cluster = DevCluster(root / "cluster", log=lambda msg: None)
         cluster.up(nodes=[NODE], timeout=240)
         env = {"KUBECONFIG": str(cluster.kubeconfig)}
-        stock = Hub(root / "stock", STOCK_OVERLAY, env)
-        gpulab = Hub(root / "gpulab", GPULAB_OVERLAY, env)
+        # where the servers in the cluster's pods reach the hubs (not 127.0.0.1: their own)
+        stock = Hub(root / "stock", kube_hub_overlay(cluster, STOCK_OVERLAY), env)
+        gpulab = Hub(root / "gpulab", kube_hub_overlay(cluster, GPULAB_OVERLAY), env)
         hubs = {"stock": (stock, None), "gpulab": (gpulab, "shared-eighth")}
         try:
             for hub, _ in hubs.values():

@@ -14,7 +14,7 @@ finds it through `KUBECONFIG` alone, as it would find kind or minikube. Its sing
 (gpulab's venv). The plugin `bench/suite_plugins/kubespawner_cluster_tests.py` (loaded with
 `-p`) marks every test whose fixtures include the suite's `kube_client` as a cluster test in the
 junit xml, which is where the figures come from. The suite's namespaces are made beforehand
-with a NetworkPolicy that keeps other machines out (see MACHINE_ONLY_POLICY for why).
+with a NetworkPolicy that keeps other machines out (see machine_only_policy for why).
 
     .venv/bin/python -m bench.kubespawner_suite [--suite-git URL|PATH] [--keep-xml F] [-- ARGS]
     bash .ci/dev kubespawner-suite [same options]      (ARGS go to the suite's pytest, e.g. -k)
@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpulab.devcluster import DevCluster, NodeSpec, ensure_binaries
 from gpulab.devcluster.agent import netpolicy
@@ -59,27 +60,29 @@ PLUGIN_DIR = Path(__file__).resolve().parent / "suite_plugins"
 PLUGIN = "kubespawner_cluster_tests"
 #: the namespaces the suite creates and deletes (its kube_ns / kube_another_ns defaults)
 SUITE_NAMESPACES = ("kubespawner-test", "kubespawner-another")
-#: Why the runner makes those namespaces itself, each with this policy: the suite's hub pods set
-#: `hub_ip = "0.0.0.0"` in their config file (which the node agent does not rewrite, unlike args
-#: and env) and their proxy listens on every address by default; dev-cluster pods share the
-#: host's network, so for the run the hub (8081) and proxy (8000) listen on every interface of
-#: the machine, run as root with JupyterHub's default LocalProcessSpawner, and accept the admin
-#: service token "test-secret-token" that the suite publishes. The policy admits connections
-#: to the suite's pods from this machine only (127.0.0.0/8: the suite's pytest, the agent's
-#: probes, the other pods), so no other machine can reach them. It cannot tell a local account
-#: from the agent (both connect from 127.0.0.1): run the suite on a machine without untrusted
-#: local users. The suite finds the namespaces existing and uses them ("Using existing
-#: namespace"), and deletes them at its end as it would its own.
-MACHINE_ONLY_POLICY = {
-    "apiVersion": "networking.k8s.io/v1",
-    "kind": "NetworkPolicy",
-    "metadata": {"name": "kubespawner-suite-machine-only"},
-    "spec": {
-        "podSelector": {},
-        "policyTypes": ["Ingress"],
-        "ingress": [{"from": [{"ipBlock": {"cidr": "127.0.0.0/8"}}]}],
-    },
-}
+
+
+#: Why the runner makes those namespaces itself, each with the policy below: the suite's hub pods
+#: listen on every address of their pod (`hub_ip = "0.0.0.0"` in their config file, the proxy
+#: by default), run as root with JupyterHub's default LocalProcessSpawner, and accept the admin
+#: service token "test-secret-token" that the suite publishes. Each pod has a network namespace
+#: of its own, so that is only the pod's addresses; the policy admits connections to the suite's
+#: pods from the cluster's pod network only (its pods, and this machine as the pods see it: the
+#: suite's pytest, the agent's probes), so nothing that comes with another source address, as
+#: a packet routed in from another machine would, gets in. The suite finds the namespaces existing
+#: and uses them ("Using existing namespace"), and deletes them at its end as it would its own.
+def machine_only_policy(pod_network: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "kubespawner-suite-machine-only"},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"ipBlock": {"cidr": pod_network}}]}],
+        },
+    }
+
 
 #: errors of the suite's own harness, not of the cluster or of KubeSpawner: test name ->
 #: (what the error message says, why). Only an error whose message matches is put down to it.
@@ -372,16 +375,16 @@ def prepare(version: str, suite_git: str, log: Callable[[str], None] = print) ->
 
 
 def admit_this_machine_only(cluster: DevCluster, namespace: str) -> None:
-    """MACHINE_ONLY_POLICY in `namespace` (see there for why)."""
+    """machine_only_policy in `namespace` (see there for why)."""
     cluster.api(
         "POST",
         f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
-        MACHINE_ONLY_POLICY,
+        machine_only_policy(cluster.pod_network),
     )
 
 
 def guard_namespaces(cluster: DevCluster) -> None:
-    """The suite's namespaces, made before the suite runs, with MACHINE_ONLY_POLICY."""
+    """The suite's namespaces, made before the suite runs, with machine_only_policy."""
     for namespace in SUITE_NAMESPACES:
         cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
         admit_this_machine_only(cluster, namespace)

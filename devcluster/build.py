@@ -64,8 +64,9 @@ def _log(msg: str) -> None:
     print(f"gpulab dev-cluster: {msg}", file=sys.stderr, flush=True)
 
 
-#: nftables: the node agent enforces NetworkPolicies with it; dnsmasq-base: the cluster's DNS
-RUNTIME_PACKAGES = ("etcd-server", "openssl", "nftables", "dnsmasq-base")
+#: nftables: the node agent enforces NetworkPolicies with it; iproute2: it makes the pods'
+#: network namespaces and veths with `ip`; dnsmasq-base: the cluster's DNS
+RUNTIME_PACKAGES = ("etcd-server", "openssl", "nftables", "iproute2", "dnsmasq-base")
 
 
 def missing_system_packages(wanted: tuple[str, ...] = APT_PACKAGES) -> list[str]:
@@ -77,6 +78,7 @@ def missing_system_packages(wanted: tuple[str, ...] = APT_PACKAGES) -> list[str]
         "golang-github-modern-go-reflect2-dev": REFLECT2_SRC.is_dir(),
         "openssl": shutil.which("openssl"),
         "nftables": shutil.which("nft") or Path("/usr/sbin/nft").exists(),
+        "iproute2": shutil.which("ip") or Path("/usr/sbin/ip").exists(),
         "dnsmasq-base": shutil.which("dnsmasq") or Path("/usr/sbin/dnsmasq").exists(),
     }
     return [pkg for pkg, ok in checks.items() if not ok and pkg in wanted]

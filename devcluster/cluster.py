@@ -315,6 +315,24 @@ class DevCluster(ClusterState):
         """The agent's view: {node: {"running": bool, "pods": [...]}}."""
         return dict(self._agent("GET", "/nodes"))
 
+    @property
+    def host_address(self) -> str:
+        """This machine's address on the cluster's pod network: where pods reach a process that
+        runs here outside the cluster (a hub: listen there or on 0.0.0.0, and tell pods this
+        address), and the source address of this machine's connections to pods (what a
+        NetworkPolicy's ipBlock for such a hub names). Pods cannot reach 127.0.0.1 of the host:
+        that is their own network namespace's."""
+        from .agent import podnet
+
+        return podnet.host_address(podnet.cluster_octet(self.state_dir / "agent"))
+
+    @property
+    def pod_network(self) -> str:
+        """The cluster's pod network (CIDR): its pods and, at its first address, this machine."""
+        from .agent import podnet
+
+        return str(podnet.pod_network(podnet.cluster_octet(self.state_dir / "agent")))
+
     def stop_node(self, name: str) -> None:
         """Simulate a node failure: stop heartbeats of node `name` and kill its pods' processes.
 
@@ -358,9 +376,14 @@ class DevCluster(ClusterState):
         strays = procs.stray_processes(marker, ("launcher.py", AGENT_MODULE, "kube-", "etcd"))
         if strays:
             stopped += procs.stop(strays, grace_seconds=2)
+        from .agent import netpolicy, podnet
         from .agent.runtime import remove_recorded
 
         remove_recorded(self.state_dir / "agent" / "host-paths.json")
+        # what a killed agent (SIGKILL skips its own cleanup) left: found by name
+        octet = podnet.cluster_octet(self.state_dir / "agent")
+        podnet.remove_leftovers(octet)
+        netpolicy.remove_table(netpolicy.table_name(octet))
         if purge:
             self._clean_data(logs=False)
         elif self._state_file.exists():

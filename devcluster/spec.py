@@ -252,8 +252,14 @@ def taints(spec: NodeSpec) -> list[dict[str, str]]:
     return out
 
 
-def node_manifest(spec: NodeSpec, *, internal_ip: str) -> dict[str, Any]:
-    """The Node object as a kubelet registers it (status is patched separately)."""
+def node_manifest(
+    spec: NodeSpec, *, internal_ip: str, pod_cidr: str | None = None
+) -> dict[str, Any]:
+    """The Node object as a kubelet registers it (status is patched separately); pod_cidr: the
+    node's pod addresses (set once: the API server refuses to change it)."""
+    node_spec: dict[str, Any] = {"taints": taints(spec)} if taints(spec) else {}
+    if pod_cidr:
+        node_spec.update(podCIDR=pod_cidr, podCIDRs=[pod_cidr])
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -267,7 +273,7 @@ def node_manifest(spec: NodeSpec, *, internal_ip: str) -> dict[str, Any]:
                 **annotations(spec),
             },
         },
-        "spec": {"taints": taints(spec)} if taints(spec) else {},
+        "spec": node_spec,
     }
 
 

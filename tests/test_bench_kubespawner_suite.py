@@ -282,8 +282,7 @@ def test_the_whole_suite_against_a_dev_cluster_keeps_its_baseline():
     assert summary.cluster_tests_passed == 19 and summary.passed == 205
 
 
-# a server on every address of the machine, as the suite's hub and proxy listen (no "0.0.0.0"
-# in the command: the node agent would rewrite it to the pod IP)
+# a server on every address of its pod, as the suite's hub and proxy listen
 LISTEN_EVERYWHERE = """
 import socket, sys, time
 s = socket.socket()
@@ -296,19 +295,22 @@ while True:
 
 
 def _machine_address() -> str | None:
-    """An address of this machine outside 127.0.0.0/8: a connection to it comes from it, as one
-    from another machine comes from outside the loopback range."""
+    """An address of this machine outside loopback and the dev clusters' pod networks: a
+    connection from it to a pod comes from outside the pod network, as one routed in from
+    another machine would."""
     out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
     for line in out.splitlines():
         address = line.split()[3].split("/")[0]
-        if not address.startswith("127."):
+        if not address.startswith(("127.", "10.")):
             return address
     return None
 
 
-def _connect(host: str, port: int) -> str:
+def _connect(host: str, port: int, source: str | None = None) -> str:
     try:
-        socket.create_connection((host, port), timeout=5).close()
+        socket.create_connection(
+            (host, port), timeout=5, source_address=(source, 0) if source else None
+        ).close()
         return "open"
     except ConnectionRefusedError:
         return "refused"
@@ -318,10 +320,10 @@ def _connect(host: str, port: int) -> str:
     netpolicy.unavailable_reason() is not None,
     reason=f"the node agent cannot enforce NetworkPolicies here: {netpolicy.unavailable_reason()}",
 )
-def test_the_suites_namespaces_admit_connections_from_this_machine_only(kube_ns: Kube) -> None:
-    address = _machine_address()
-    if address is None:
-        pytest.skip("this machine has no address outside 127.0.0.0/8 to connect from")
+def test_the_suites_namespaces_admit_connections_from_the_pod_network_only(kube_ns: Kube) -> None:
+    outside = _machine_address()
+    if outside is None:
+        pytest.skip("this machine has no address outside loopback and 10/8 to connect from")
     port = free_port()
     name = kube_ns.name("everywhere")
     manifest = pod_manifest(
@@ -331,10 +333,15 @@ def test_the_suites_namespaces_admit_connections_from_this_machine_only(kube_ns:
     )
     kube_ns.create_pod(manifest)
     kube_ns.wait_ready(name)
-    # the contrast: without the policy the pod is reached on the machine's outside address
-    assert _connect(address, port) == "open"
+    pod_ip = kube_ns.pod(name)["status"]["podIP"]
+    # the contrast: without the policy a connection from outside the pod network gets in
+    assert _connect(pod_ip, port, source=outside) == "open"
 
     suite.admit_this_machine_only(kube_ns.cluster, kube_ns.ns)
-    wait_for("the policy to refuse outside sources", lambda: _connect(address, port) == "refused")
-    assert _connect("127.0.0.1", port) == "open"  # the suite's pytest, probes and pods
+    wait_for(
+        "the policy to refuse outside sources",
+        lambda: _connect(pod_ip, port, source=outside) == "refused",
+    )
+    # the suite's pytest and the agent's probes (from the host's pod-network address), pods
+    assert _connect(pod_ip, port) == "open"
     assert kube_ns.pod(name)["status"]["containerStatuses"][0]["ready"] is True

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import ssl
-import zlib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -26,7 +25,7 @@ from kubernetes_asyncio import client
 
 from ..pki import KubeletPKI
 from ..spec import NodeSpec
-from . import netpolicy
+from . import netpolicy, podnet
 from .devices import Devices
 from .kube import Events, api_client, log, watch_forever
 from .kubeletapi import KUBELET_PORT, KubeletServer, server_context
@@ -38,19 +37,18 @@ from .snapshots import SnapshotController
 from .volumes import Provisioner
 
 
-def address_octet(state_dir: Path) -> int:
-    """Second octet of this agent's 127.X.0.0/16 (differs between state dirs, so two clusters on
-    one machine rarely share pod addresses)."""
-    return 64 + zlib.crc32(str(state_dir.resolve()).encode()) % 128
-
-
 class SimulatedNode:
     def __init__(self, agent: Agent, spec: NodeSpec, index: int) -> None:
         self.agent, self.spec = agent, spec
-        prefix = f"127.{agent.octet}.{index + 1}"
-        self.ip = f"{prefix}.1"
+        # the node's one address (InternalIP, hostIP, its pods' gateway): an address of the host
+        self.ip = podnet.node_address(agent.octet, index)
+        pod_cidr = podnet.node_pod_cidr(agent.octet, index)
         self.heartbeat = NodeHeartbeat(
-            agent.api, spec, internal_ip=self.ip, interval_seconds=agent.heartbeat
+            agent.api,
+            spec,
+            internal_ip=self.ip,
+            pod_cidr=pod_cidr,
+            interval_seconds=agent.heartbeat,
         )
         from .. import spec as nodespec
 
@@ -59,13 +57,14 @@ class SimulatedNode:
             host_ip=self.ip,
             core=client.CoreV1Api(agent.api),
             events=Events(client.CoreV1Api(agent.api)),
-            ips=IPPool(prefix),
+            ips=IPPool(pod_cidr.rsplit(".", 1)[0]),
             host_paths=agent.host_paths,
             pods_dir=agent.state_dir / "pods",
             capacity=nodespec.capacity(spec),
             base_env=agent.base_env,
             devices=Devices(spec),
             netpol=agent.netpol,
+            network=agent.network,
         )
         self.pods = PodManager(self.ctx)
         self.kubelet = KubeletServer(spec.name, self.pods)
@@ -127,7 +126,8 @@ class Agent:
             nodes,
             heartbeat,
         )
-        self.octet = address_octet(state_dir)
+        self.network = podnet.PodNetwork(state_dir, len(nodes))
+        self.octet = self.network.octet  # until run() has claimed the pod network's
         self.host_paths = HostPaths(state_dir / "host-paths.json")
         self.nodes: dict[str, SimulatedNode] = {}
         self.base_env: dict[str, str] = {}
@@ -161,6 +161,7 @@ class Agent:
             d = self.state_dir / private
             d.mkdir(exist_ok=True)
             d.chmod(0o700)
+        self.octet = await self.network.start()
         policies = await self._start_network_policies()
         for i, spec in enumerate(self.specs):
             self.nodes[spec.name] = SimulatedNode(self, spec, i)
@@ -195,6 +196,7 @@ class Agent:
                 await policies
         if self.netpol is not None:
             await self.netpol.remove()
+        await self.network.stop()
         await self.api.close()
 
     async def _kubelet_certificates(self) -> None:
@@ -214,17 +216,16 @@ class Agent:
 
     async def _start_network_policies(self) -> asyncio.Future[Any] | None:
         """One nft table for all the agent's pods, kept current from NetworkPolicies and
-        Namespaces (their labels); without nft or cgroup v2, policies are stored by the API
-        server and not enforced, which the log says once."""
+        Namespaces (their labels); without nft, policies are stored by the API server and not
+        enforced, which the log says once."""
         self.netpol_off = netpolicy.unavailable_reason()
         if self.netpol_off:
             log.warning("NetworkPolicies are NOT enforced on this machine: %s", self.netpol_off)
             return None
-        root = netpolicy.cgroup2_root() or ""
         self.netpol = netpolicy.Enforcer(
-            f"gpulab_dc_{self.octet}",
-            f"{root}/gpulab-dc-{self.octet}".lstrip("/"),
-            octet=self.octet,
+            netpolicy.table_name(self.octet),
+            pod_network=str(podnet.pod_network(self.octet)),
+            pod_links=podnet.link_pattern(self.octet),
         )
         await self.netpol.apply()  # an empty table: refuses early when nft cannot load one
         networking, core = client.NetworkingV1Api(self.api), client.CoreV1Api(self.api)

@@ -42,14 +42,18 @@ class ContainerRunner(PodState):
         (d / "jupyter_server_config.json").write_text('{"ServerApp": {"allow_root": true}}\n')
 
     async def _join_network(self) -> bool:
-        """The pod's cgroup and the NetworkPolicy table that covers it, before any of its
-        processes start (a pod is never up unprotected); retried while nft refuses."""
-        if self.node.netpol is None:
-            return True
+        """The NetworkPolicy table that covers the pod, then the pod's network namespace, before
+        any of its processes start (a pod is never up unprotected); retried while nft or ip
+        refuse."""
         reported = False
         while not self.deleting:
             try:
-                self.cgroup_procs = await self.node.netpol.join(self.pod, self.ip or "")
+                if self.node.netpol is not None and not self.in_policy:
+                    await self.node.netpol.join(self.pod, self.ip or "")
+                    self.in_policy = True
+                if self.node.network is not None and self.netns is None:
+                    self.network_made = True  # _cleanup removes it, also when half made
+                    self.netns = await self.node.network.attach(self.ip or "", self.node.host_ip)
                 return True
             except (RuntimeError, OSError) as e:
                 log.error("pod %s: %s", self.key, e)
@@ -57,8 +61,8 @@ class ContainerRunner(PodState):
                     reported = True
                     await self.node.events.emit(
                         self.pod,
-                        "FailedNetworkPolicy",
-                        f"NetworkPolicies could not be applied: {str(e)[:500]}",
+                        "FailedCreatePodSandBox",
+                        f"the pod's network could not be set up: {str(e)[:500]}",
                         type_="Warning",
                         host=self.node.name,
                     )
@@ -119,7 +123,7 @@ class ContainerRunner(PodState):
             node_capacity=self.node.capacity,
         )
         cs.env.update(self.node.devices.allocate(f"{self.uid}/{cs.name}", cs.spec))
-        argv = podenv.container_argv(cs.spec, cs.env, self.ip or "")
+        argv = podenv.container_argv(cs.spec, cs.env)
         if not argv:
             raise StartError(
                 "no command: the gpulab node agent runs the container's command + args on the host "
@@ -161,7 +165,7 @@ class ContainerRunner(PodState):
             "workingDir": wd,
             "mounts": mounts,
             "identity": ident.as_spec(),
-            "cgroupProcs": str(self.cgroup_procs) if self.cgroup_procs else None,
+            "netns": str(self.netns) if self.netns else None,
         }
 
     async def _load_env_objects(self) -> None:
@@ -383,7 +387,6 @@ class ContainerRunner(PodState):
                     cs.working_dir,
                     timeout,
                     identity=cs.identity,
-                    cgroup_procs=self.cgroup_procs,
                 )
                 return rc == 0
         except (OSError, asyncio.TimeoutError, aiohttp.ClientError, ValueError):

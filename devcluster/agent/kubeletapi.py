@@ -266,7 +266,6 @@ class KubeletServer:
                 command,
                 cwd=cs.working_dir,
                 identity=cs.identity,
-                cgroup_procs=worker.cgroup_procs,
                 tty=channels.tty,
             )
         except StartError as e:

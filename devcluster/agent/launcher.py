@@ -4,12 +4,14 @@
 
 SPEC: {"argv": [...], "env": {...}, "workingDir": "/x", "mounts": [{"source", "target",
 "readOnly", "file"}], "identity": {"uid", "gid", "groups", "noNewPrivs", "dropCapabilities"},
-"logPath": "CONTAINER.log"}. Three processes, like a container runtime with tini:
+"logPath": "CONTAINER.log", "netns": "/run/netns/NAME"}. Three processes, like a container runtime
+with tini:
 
-- this launcher (host PID namespace; dies with the agent via PDEATHSIG) unshares mount + PID
-  namespaces, makes mounts private and bind-mounts the volumes at their mount paths; then, as
-  containerd's shim, it writes what the container sends to its stdout and stderr pipes to
-  logPath as CRI log records (crilog.py);
+- this launcher (host PID namespace; dies with the agent via PDEATHSIG) enters the pod's network
+  namespace (made by the agent, `podnet`), unshares mount + PID namespaces, makes mounts
+  private and bind-mounts the volumes at their mount paths; then, as containerd's shim, it
+  writes what the container sends to its stdout and stderr pipes to logPath as CRI log records
+  (crilog.py);
 - its child is PID 1 of the new namespace: mounts /proc, becomes the container's identity (drops
   capabilities from the bounding set, sets no_new_privs, groups, gid, uid: nothing in the pod's
   namespace keeps root's powers), forwards signals, reaps orphans and exits with the container's
@@ -33,6 +35,7 @@ import sys
 import crilog  # this folder: the launcher runs by path, its folder is sys.path[0]
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -201,11 +204,6 @@ def _init(spec, err_w) -> None:
     with contextlib.suppress(OSError):  # a /proc of the host namespace still works for most
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     try:
-        if spec.get("cgroupProcs"):
-            # the pod's cgroup: its NetworkPolicies find its sockets by it (before the fork, so
-            # every process of the pod is in it)
-            with open(spec["cgroupProcs"], "w") as f:
-                f.write("0")  # 0: the writing process
         # as a runtime creates a missing cwd (as root) before the process starts
         os.makedirs(spec.get("workingDir") or "/", exist_ok=True)
         _become(spec.get("identity"))
@@ -251,11 +249,27 @@ def _copy_output(spec, streams) -> None:
     os.close(log_fd)
 
 
+def _enter_netns(path) -> None:
+    """The pod's network namespace, shared by its containers (as a pause container's)."""
+    if not path:
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(libc.setns(fd, CLONE_NEWNET), f"setns {path}")
+    finally:
+        os.close(fd)
+
+
 def main() -> int:
     _pdeathsig()
     with open(sys.argv[1]) as fh:
         spec = json.load(fh)
     status = os.fdopen(int(sys.argv[2]) if len(sys.argv) > 2 else 3, "w")
+    try:
+        _enter_netns(spec.get("netns"))
+    except OSError as e:
+        _report(status, event="failed", reason="StartError", message=f"network namespace: {e}")
+        return 128
     try:
         _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
         _set_up_mounts(spec.get("mounts", []))

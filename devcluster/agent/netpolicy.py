@@ -1,41 +1,38 @@
 """NetworkPolicy enforcement for the agent's pods: one nftables table, rebuilt from the policies.
 
-Pods share the host's network (each on its own loopback address), so a pod is told apart by
-its processes' cgroup, not by its address: every pod's processes run in a cgroup v2 of their
-own (`<cgroup2>/gpulab-<X>/<pod uid>`, joined by launcher.py before the exec), and
+Each pod has a network namespace of its own, routed to the host (`podnet`): every packet between
+two pods, or between a pod and a host process, passes the host's IP stack, so a pod is known by
+its address, as with Calico or kube-router:
 
-- at `output`, a new connection from a pod's socket gets the pod's conntrack mark (0: a host
-  process such as the hub); a pod's connection to an address outside the machine is checked
-  against its egress rules there;
-- at `input`, the receiving socket's cgroup names the receiving pod (nft's socket lookup), the
-  mark names the sender: a connection within one pod passes (its own "localhost"), else it
-  must be allowed by the sender's egress rules *and* the receiver's ingress rules, ports
-  included; a pod's connection to a host process needs the sender's egress rules alone.
+- `forward` (pod to pod, pod to outside): a connection to one of the agent's pods goes to the
+  receiver's chain, which admits a sender pod only where the sender's egress rules *and* the
+  receiver's ingress rules allow it, ports included; a connection from a pod to an address that
+  is no pod of this agent must pass the sender's egress rules (ipBlock peers);
+- `input` (pod to a host process: the hub, the API server): the sender's egress rules;
+- `output` (a host process to a pod: the hub, the proxy, the agent's probes): the receiver's
+  ingress rules, the host's address (the packet's source) matched against ipBlock peers.
 
-A sender pod's address, for ipBlock peers, is its pod IP (as it would be on a pod network); a
-host sender's is the packet's source address. Refused connections get a TCP reset (ICMP
-admin-prohibited for other protocols) rather than a silent drop, so clients fail at once.
-Established and related traffic always passes. What is enforced: podSelector,
-namespaceSelector (matchLabels, matchExpressions), ipBlock with except, ports by number or by
-the receiving container's port name, protocols TCP/UDP/SCTP, policyTypes. Not: endPort.
+Traffic within one pod never leaves its namespace (its "localhost"). A pod cannot send with
+another address than its own (strict reverse-path filtering on its veth, `podnet`). Refused
+connections get a TCP reset (ICMP admin-prohibited for other protocols) rather than a silent
+drop, so clients fail at once. Established and related traffic always passes. What is enforced:
+podSelector, namespaceSelector (matchLabels, matchExpressions), ipBlock with except, ports by
+number or by the receiving container's port name, protocols TCP/UDP/SCTP, policyTypes. Not:
+endPort. The table also masquerades pods' connections to the outside (the machine's address),
+which no other host would route back to a pod.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import shutil
+import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .kube import log
-
-#: low bits of a pod's conntrack mark that number the pods of one agent; the bits above are the
-#: agent's own (its address octet), so no two agents on one machine hand out the same mark
-MARK_INDEX_BITS = 16
 
 #: a set of (protocol, port) pairs, or None for every port
 Ports = frozenset[tuple[str, int]] | None
@@ -50,8 +47,6 @@ class PodNet:
     namespace: str
     labels: Mapping[str, str]
     ip: str
-    cgroup: str  # relative to /sys/fs/cgroup, as nft resolves it
-    mark: int
     named_ports: Mapping[str, tuple[str, int]] = field(default_factory=dict)
 
 
@@ -222,33 +217,41 @@ def _address_rules(
     return lines
 
 
+def _chain_id(pod: PodNet) -> str:
+    return pod.ip.replace(".", "_")
+
+
 def compile_ruleset(
     table: str,
     pods: list[PodNet],
     policies: list[Mapping[str, Any]],
     namespaces: Mapping[str, Mapping[str, str]],
+    *,
+    pod_network: str | None = None,
+    pod_links: str | None = None,
 ) -> str:
-    """The nft script that replaces table `inet <table>` (atomically: nft -f is one transaction)."""
+    """The nft script that replaces table `inet <table>` (atomically: nft -f is one transaction).
+
+    pod_network (a CIDR) and pod_links (an interface name pattern, e.g. "gdc70-*"): pods'
+    connections from pod_network leaving through another interface are masqueraded."""
     refuse = ["meta l4proto tcp reject with tcp reset", "reject"]
-    out = ["ct state established,related accept"]
-    inp = ["ct state established,related accept"]
+    established = "ct state established,related accept"
+    forward, inp, out = [established], [established], [established]
     chains: dict[str, list[str]] = {}
-    for pod in pods:
-        out.append(f'socket cgroupv2 level 2 "{pod.cgroup}" ct mark set {pod.mark}')
+    pod_ips = [p.ip for p in pods]
     for pod in pods:
         egress = _selecting(pod, policies, "Egress")
         if egress:
             rules = [
                 (r, r.get("to")) for p in egress for r in (p.get("spec") or {}).get("egress") or []
             ]
-            # to the outside (at output: never a pod, every pod address is local here) and to a
-            # host process of this machine (at input: the hub, the API server)
-            name = f"egress_{pod.mark}"
+            # to the outside and to host processes (the hub, the API server): ipBlock peers
+            name = f"egress_{_chain_id(pod)}"
             chains[name] = [*_address_rules(rules, "daddr", ""), *refuse]
-            out.append(f"ct mark {pod.mark} fib daddr type != local jump {name}")
+            inp.append(f"ip saddr {pod.ip} jump {name}")
     for receiver in pods:
-        name = f"to_{receiver.mark}"
-        lines = [f"ct mark {receiver.mark} accept"]  # within the pod
+        name = f"to_{_chain_id(receiver)}"
+        lines = []
         for sender in pods:
             if sender is receiver:
                 continue
@@ -256,7 +259,9 @@ def compile_ruleset(
             if allowed is not ALL and not allowed:
                 continue
             for pm in _port_match(allowed):
-                lines.append(" ".join(x for x in (f"ct mark {sender.mark}", pm, "accept") if x))
+                lines.append(" ".join(x for x in (f"ip saddr {sender.ip}", pm, "accept") if x))
+        if pod_ips:  # any other pod of this agent: refused unless admitted above
+            lines.append(f"ip saddr {{ {', '.join(pod_ips)} }} jump refuse")
         ingress = _selecting(receiver, policies, "Ingress")
         if ingress:
             rules = [
@@ -271,21 +276,29 @@ def compile_ruleset(
                 )
                 for r, peers in rules
             ]
-            lines += _address_rules(named, "saddr", "ct mark 0")
+            lines += _address_rules(named, "saddr", "")
+            lines += refuse
         else:
-            lines.append("ct mark 0 accept")
-        chains[name] = [*lines, *refuse]
-        inp.append(f'socket cgroupv2 level 2 "{receiver.cgroup}" jump {name}')
-    for pod in pods:
-        if f"egress_{pod.mark}" in chains:
-            inp.append(f"ct mark {pod.mark} jump egress_{pod.mark}")
+            lines.append("accept")
+        chains[name] = lines
+        forward.append(f"ip daddr {receiver.ip} jump {name}")
+        out.append(f"ip daddr {receiver.ip} jump {name}")
+    for pod in pods:  # to a destination that is none of the agent's pods
+        if f"egress_{_chain_id(pod)}" in chains:
+            forward.append(f"ip saddr {pod.ip} jump egress_{_chain_id(pod)}")
 
-    def chain(name: str, body: list[str], hook: str | None = None) -> str:
-        head = f"    type filter hook {hook} priority 0; policy accept;\n" if hook else ""
+    def chain(name: str, body: list[str], hook: str | None = None, kind: str = "filter") -> str:
+        prio = "srcnat" if kind == "nat" else "0"
+        head = f"    type {kind} hook {hook} priority {prio}; policy accept;\n" if hook else ""
         return f"  chain {name} {{\n{head}" + "".join(f"    {line}\n" for line in body) + "  }\n"
 
     text = f"table inet {table} {{\n}}\ndelete table inet {table}\ntable inet {table} {{\n"
-    text += chain("output", out, "output") + chain("input", inp, "input")
+    text += chain("refuse", refuse)
+    text += chain("forward", forward, "forward") + chain("input", inp, "input")
+    text += chain("output", out, "output")
+    if pod_network and pod_links:
+        masquerade = [f'ip saddr {pod_network} oifname != "{pod_links}" masquerade']
+        text += chain("postrouting", masquerade, "postrouting", "nat")
     text += "".join(chain(n, b) for n, b in chains.items())
     return text + "}\n"
 
@@ -301,36 +314,26 @@ def _resolve(port: Mapping[str, Any], pod: PodNet) -> dict[str, Any]:
 class Enforcer:
     """The agent's view of pods and policies, and the nft table made from it."""
 
-    def __init__(self, table: str, cgroup_root: str, octet: int) -> None:
+    def __init__(
+        self, table: str, *, pod_network: str | None = None, pod_links: str | None = None
+    ) -> None:
         self.table = table
-        # Conntrack marks are the machine's, not the table's: a table left by a killed agent
-        # (SIGKILL skips remove()) or a second cluster's table sees every connection's mark. Marks
-        # from this agent's own range (its address octet in the high bits) keep those tables
-        # blind to this agent's pods, which would otherwise be refused or admitted by another
-        # cluster's rules for "pod 3".
-        self.mark_base = octet << MARK_INDEX_BITS
-        self.cgroup_root = cgroup_root  # e.g. "unified/gpulab-170", relative to /sys/fs/cgroup
+        self.pod_network, self.pod_links = pod_network, pod_links
         self.pods: dict[str, PodNet] = {}
         self.policies: dict[str, dict[str, Any]] = {}
         self.namespaces: dict[str, dict[str, str]] = {}
-        self._marks: dict[str, int] = {}
         self._lock = asyncio.Lock()
-
-    def mark_of(self, uid: str) -> int:
-        if uid not in self._marks:
-            if len(self._marks) + 1 >= 1 << MARK_INDEX_BITS:
-                raise RuntimeError("the agent has run out of NetworkPolicy marks; restart it")
-            self._marks[uid] = self.mark_base | (len(self._marks) + 1)
-        return self._marks[uid]
 
     async def apply(self) -> None:
         """Load the table for the current pods and policies; RuntimeError when nft refuses."""
         async with self._lock:
             script = compile_ruleset(
                 self.table,
-                sorted(self.pods.values(), key=lambda p: p.mark),
+                sorted(self.pods.values(), key=lambda p: ipaddress.ip_address(p.ip)),
                 list(self.policies.values()),
                 self.namespaces,
+                pod_network=self.pod_network,
+                pod_links=self.pod_links,
             )
             proc = await asyncio.create_subprocess_exec(
                 "nft",
@@ -345,34 +348,15 @@ class Enforcer:
                 raise RuntimeError(f"nft refused the NetworkPolicy table: {output.decode()[:2000]}")
 
     async def remove(self) -> None:
-        """The table and the (by now empty) cgroup folder of the agent's pods."""
-        with contextlib.suppress(OSError):
-            (CGROUP_FS / self.cgroup_root).rmdir()
-        proc = await asyncio.create_subprocess_exec(
-            "nft",
-            "delete",
-            "table",
-            "inet",
-            self.table,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        await proc.wait()
+        """The table (also what `down` does after a killed agent: `remove_table`)."""
+        await asyncio.to_thread(remove_table, self.table)
 
     # -- pods joining and leaving -------------------------------------------------------------
 
-    def cgroup_dir(self, uid: str) -> Path:
-        return CGROUP_FS / self.cgroup_root / uid
-
-    async def join(self, pod: dict[str, Any], ip: str) -> Path:
-        """The pod's cgroup (its processes join it before they exec), and the table with it;
-        returns the cgroup's cgroup.procs."""
-        meta = pod["metadata"]
-        d = self.cgroup_dir(meta["uid"])
-        d.mkdir(parents=True, exist_ok=True)
-        self.pods[meta["uid"]] = self._pod_net(pod, ip)
+    async def join(self, pod: dict[str, Any], ip: str) -> None:
+        """The table with the pod in it (before its first process starts)."""
+        self.pods[pod["metadata"]["uid"]] = self._pod_net(pod, ip)
         await self.apply()
-        return d / "cgroup.procs"
 
     def _pod_net(self, pod: dict[str, Any], ip: str) -> PodNet:
         meta = pod["metadata"]
@@ -387,8 +371,6 @@ class Enforcer:
             namespace=meta["namespace"],
             labels=dict(meta.get("labels") or {}),
             ip=ip,
-            cgroup=f"{self.cgroup_root}/{meta['uid']}",
-            mark=self.mark_of(meta["uid"]),
             named_ports=named,
         )
 
@@ -401,16 +383,6 @@ class Enforcer:
     async def leave(self, uid: str) -> None:
         if self.pods.pop(uid, None) is not None:
             await self.apply()
-        d = self.cgroup_dir(uid)
-        for _ in range(50):  # the pod's last processes may still be on their way out
-            try:
-                d.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                await asyncio.sleep(0.1)
-        log.warning("cgroup %s still busy; left behind", d)
 
     async def set_policy(self, event: str, policy: dict[str, Any]) -> None:
         key = f"{policy['metadata']['namespace']}/{policy['metadata']['name']}"
@@ -435,31 +407,19 @@ class Enforcer:
             log.error("%s", e)
 
 
-CGROUP_FS = Path("/sys/fs/cgroup")
+def table_name(octet: int) -> str:
+    """The nft table of agent `octet` (`podnet.address_octet`): `down` removes a killed agent's."""
+    return f"gpulab_podnet_{octet}"
 
 
-def cgroup2_root() -> str | None:
-    """Where cgroup v2 is mounted, relative to /sys/fs/cgroup ("" on a pure v2 system,
-    "unified" on a hybrid one); None when it is not mounted there."""
-    try:
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in mounts:
-        fields = line.split()
-        sep = fields.index("-")
-        if fields[sep + 1] == "cgroup2":
-            mount = Path(fields[4])
-            if mount == CGROUP_FS or CGROUP_FS in mount.parents:
-                rel = str(mount.relative_to(CGROUP_FS))
-                return "" if rel == "." else rel
-    return None
+def remove_table(table: str) -> None:
+    """Delete nft table `inet <table>` if it exists (blocking)."""
+    if shutil.which("nft") is not None:
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
 
 
 def unavailable_reason() -> str | None:
     """Why this machine cannot enforce NetworkPolicies, or None."""
     if shutil.which("nft") is None:
         return "nft is not installed (apt-get install nftables)"
-    if cgroup2_root() is None:
-        return "cgroup v2 is not mounted under /sys/fs/cgroup"
     return None

@@ -28,12 +28,14 @@ class NodeHeartbeat:
         spec: NodeSpec,
         *,
         internal_ip: str,
+        pod_cidr: str,
         interval_seconds: float,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
         self.spec = spec
         self.ip = internal_ip
+        self.pod_cidr = pod_cidr
         self.interval = interval_seconds
         self.uid: str | None = None
         self.ready_since = now()
@@ -88,7 +90,7 @@ class NodeHeartbeat:
     async def register(self) -> None:
         """Create the Node (or update labels/taints of an existing one) and post Ready."""
         self.ready_since = now()
-        manifest = nodespec.node_manifest(self.spec, internal_ip=self.ip)
+        manifest = nodespec.node_manifest(self.spec, internal_ip=self.ip, pod_cidr=self.pod_cidr)
         try:
             node = await raw(self.core.create_node(manifest, _preload_content=False))
         except Exception as e:

@@ -1,8 +1,4 @@
-"""A container's environment, command line and resource values, as a kubelet computes them (pure).
-
-Pods run on the host's network, each on its own loopback address, so a container asked to listen on
-0.0.0.0 would collide with every other pod: "0.0.0.0" in args and env values becomes the pod IP.
-"""
+"""A container's environment, command line and resource values, as a kubelet computes them (pure)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,6 @@ import re
 from typing import Any
 
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-ANY_ADDRESS = "0.0.0.0"
 
 
 def expand(value: str, env: dict[str, str]) -> str:
@@ -118,9 +113,8 @@ def container_env(
     secrets: dict[str, dict[str, Any] | None],
     node_capacity: dict[str, str],
 ) -> dict[str, str]:
-    """base, then envFrom, then env (with $(VAR) and valueFrom), 0.0.0.0 -> pod IP in values."""
+    """base, then envFrom, then env (with $(VAR) and valueFrom)."""
     env = dict(base)
-    pod_ip = (pod.get("status") or {}).get("podIP") or ""
     for src in container.get("envFrom") or []:
         prefix = src.get("prefix", "")
         if "configMapRef" in src:
@@ -158,18 +152,13 @@ def container_env(
                 raise EnvError(f'{kind} "{ref["name"]}" {what} (env {name})')
         else:
             env[name] = ""
-    if pod_ip:
-        env = {k: v.replace(ANY_ADDRESS, pod_ip) for k, v in env.items()}
     return env
 
 
-def container_argv(container: dict[str, Any], env: dict[str, str], pod_ip: str) -> list[str]:
-    """command + args with $(VAR) expanded and 0.0.0.0 -> pod IP."""
+def container_argv(container: dict[str, Any], env: dict[str, str]) -> list[str]:
+    """command + args with $(VAR) expanded."""
     argv = [*(container.get("command") or []), *(container.get("args") or [])]
-    argv = [expand(str(a), env) for a in argv]
-    if pod_ip:
-        argv = [a.replace(ANY_ADDRESS, pod_ip) for a in argv]
-    return argv
+    return [expand(str(a), env) for a in argv]
 
 
 def referenced_objects(pod: dict[str, Any]) -> tuple[set[str], set[str]]:

@@ -174,10 +174,14 @@ class PodWorker(ContainerRunner):
                 await cs.proc.kill_and_wait()
         self.node.host_paths.release(self.held)
         self.held = []
-        if self.node.netpol is not None and self.cgroup_procs is not None:
+        if self.node.netpol is not None and self.in_policy:
             with contextlib.suppress(RuntimeError):
                 await self.node.netpol.leave(self.uid)
-            self.cgroup_procs = None
+            self.in_policy = False
+        if self.node.network is not None and self.network_made and self.ip:
+            with contextlib.suppress(RuntimeError):
+                await self.node.network.detach(self.ip)
+            self.netns, self.network_made = None, False
         self.node.ips.release(self.ip)
         self.node.devices.release(self.uid)
         if self.deleted:
@@ -237,7 +241,6 @@ class PodWorker(ContainerRunner):
                 cs.working_dir,
                 remaining,
                 identity=cs.identity,
-                cgroup_procs=self.cgroup_procs,
             )
             if rc != 0:
                 await self.node.events.emit(

@@ -20,13 +20,15 @@ from . import podsecurity
 from .devices import Devices
 from .kube import MERGE, Events, log, now, raw, status_of
 from .netpolicy import Enforcer
+from .podnet import PodNetwork
 from .runtime import ContainerProcess, HostPaths
 
 TERMINAL = ("Succeeded", "Failed")
 
 
 class IPPool:
-    """Loopback addresses for one node's pods: PREFIX.2 .. PREFIX.254, reused round-robin."""
+    """Addresses for one node's pods (its podCIDR PREFIX.0/24): PREFIX.2 .. PREFIX.254, reused
+    round-robin (PREFIX.1 is the node's)."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -62,6 +64,8 @@ class NodeContext:
     devices: Devices
     #: NetworkPolicy enforcement (None: this machine cannot; the agent said why at start)
     netpol: Enforcer | None = None
+    #: the pods' network namespaces and veths (None: unit tests without one)
+    network: PodNetwork | None = None
 
 
 @dataclass
@@ -139,7 +143,9 @@ class PodState:
         self.tasks: list[asyncio.Task[Any]] = []
         self.mount_message: str | None = None
         self.deleted = False  # gone from the API
-        self.cgroup_procs: Path | None = None  # the pod's cgroup (NetworkPolicy enforcement)
+        self.netns: Path | None = None  # the pod's network namespace (its containers enter it)
+        self.network_made = False  # the namespace and veth were (maybe partly) made
+        self.in_policy = False  # the NetworkPolicy table covers the pod
         self.task: asyncio.Task[Any] | None = None
 
     # -- inputs -----------------------------------------------------------------------------
@@ -147,7 +153,7 @@ class PodState:
     def update(self, pod: dict[str, Any]) -> None:
         self.pod = pod
         self.changed.set()
-        if self.node.netpol is not None and self.cgroup_procs is not None:
+        if self.node.netpol is not None and self.in_policy:
             task = asyncio.create_task(self.node.netpol.relabel(pod))  # policies select by label
             self.tasks.append(task)
 

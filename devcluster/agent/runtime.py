@@ -231,25 +231,21 @@ class ContainerProcess:
         *,
         cwd: str | None,
         identity: Identity | None,
-        cgroup_procs: Path | None = None,
         tty: bool = False,
     ) -> list[str]:
-        """The host command that runs argv inside the container: its mount and PID namespaces
-        (nsenter), its identity (setpriv: an exec is no way back to root), its cgroup (so the
-        pod's NetworkPolicies cover what it connects to), a session of its own on the terminal
-        with tty (setsid -c: job control, ^C)."""
+        """The host command that runs argv inside the container: its mount, PID and network
+        namespaces (nsenter; in the pod's network namespace the pod's NetworkPolicies cover what
+        it connects to, by its address), its identity (setpriv: an exec is no way back to root),
+        a session of its own on the terminal with tty (setsid -c: job control, ^C)."""
         if not self.init_pid:
             raise StartError(f"container {self.name} is not running")
-        cmd = ["nsenter", f"--target={self.init_pid}", "--mount", "--pid"]
+        cmd = ["nsenter", f"--target={self.init_pid}", "--mount", "--pid", "--net"]
         if cwd:
             cmd.append(f"--wd={cwd}")
         cmd.append("--")
         if tty:
             cmd += ["setsid", "--wait", "--ctty"]
         cmd += [*setpriv_prefix(identity), *argv]
-        if cgroup_procs is not None:
-            # as root, before nsenter forks: every process of the exec starts in the cgroup
-            cmd = ["sh", "-c", 'echo 0 > "$0" && exec "$@"', str(cgroup_procs), *cmd]
         return cmd
 
     async def exec(
@@ -260,13 +256,12 @@ class ContainerProcess:
         timeout: float,
         *,
         identity: Identity | None = None,
-        cgroup_procs: Path | None = None,
     ) -> int:
         """Run argv inside the container as a preStop or probe exec (see exec_argv); its output
         goes to the container's log, as CRI records."""
         if not self.running or not self.init_pid:
             return -1
-        cmd = self.exec_argv(argv, cwd=cwd, identity=identity, cgroup_procs=cgroup_procs)
+        cmd = self.exec_argv(argv, cwd=cwd, identity=identity)
         p = await asyncio.create_subprocess_exec(
             *cmd,
             env=env,

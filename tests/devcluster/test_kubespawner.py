@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -23,7 +24,8 @@ BIN = Path(sys.executable).parent
 CONFIG = """
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = {port}
-c.JupyterHub.hub_ip = "127.0.0.1"
+# where pods reach the host (127.0.0.1 would be the server pod's own loopback)
+c.JupyterHub.hub_ip = "{hub_ip}"
 c.JupyterHub.hub_port = {hub_port}
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_port}"
 c.ConfigurableHTTPProxy.command = [{chp!r}]
@@ -63,6 +65,7 @@ def hub(tmp_path: Path, dev_cluster):
         CONFIG.format(
             port=port,
             hub_port=free_port(),
+            hub_ip=dev_cluster.host_address,
             proxy_port=free_port(),
             chp=str(BIN / "configurable-http-proxy"),
             state=state,
@@ -125,8 +128,9 @@ def test_unmodified_kubespawner_spawns_a_gpu_server_with_a_home_volume_and_stops
     print(f"KubeSpawner: spawn to ready in {time.monotonic() - t0:.1f} s")
     pod = kube.pod("jupyter-kubeuser")
     assert pod is not None and pod["status"]["phase"] == "Running"
-    assert pod["status"]["podIP"].startswith("127.")
     assert pod["spec"]["nodeName"] == "gpu-a"
+    pod_cidr = ipaddress.ip_network(kube.node("gpu-a")["spec"]["podCIDR"])
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in pod_cidr
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     pvc = kube.api("GET", "/api/v1/namespaces/default/persistentvolumeclaims/claim-kubeuser")
     assert pvc["status"]["phase"] == "Bound"

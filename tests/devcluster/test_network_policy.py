@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpulab.devcluster.agent import netpolicy
+from gpulab.devcluster.agent import netpolicy, podnet
 from gpulab.spawner.kube.objects import CLOUD_METADATA_IP, singleuser_network_policy
 from tests.harness.kube import Kube, pod_manifest
 from tests.harness.wait import wait_for
@@ -44,7 +44,7 @@ for target in sys.argv[1:]:
 print(json.dumps(out), flush=True)
 """
 
-WEB = [sys.executable, "-m", "http.server", "8000", "--bind", "$(POD_IP)"]
+WEB = [sys.executable, "-m", "http.server", "8000", "--bind", "$(POD_IP)"]  # or 0.0.0.0: the same
 POD_IP = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
 
@@ -142,14 +142,17 @@ def test_the_servers_policy_lets_only_the_hub_in_and_keeps_the_metadata_address_
 ) -> None:
     kube = kube_ns
     server_labels = {"component": "singleuser-server", "app": "jupyterhub"}
+    # a hub outside the cluster: on the host's address on the pod network, the source of the
+    # host's connections to pods too
+    host = kube.cluster.host_address
     added = subprocess.run(
         ["ip", "addr", "add", f"{CLOUD_METADATA_IP}/32", "dev", "lo"], capture_output=True
     )
     try:
         with (
-            _host_server("127.0.0.1") as hub_port,
+            _host_server(host) as hub_port,
             _host_server(CLOUD_METADATA_IP) as meta_port,
-            _host_server("127.0.0.1") as other_port,
+            _host_server(host) as other_port,
         ):
             policy = singleuser_network_policy(
                 "gpulab-singleuser",
@@ -157,7 +160,7 @@ def test_the_servers_policy_lets_only_the_hub_in_and_keeps_the_metadata_address_
                 server_port=8000,
                 hub_selector={"component": "hub"},
                 hub_ports=[hub_port],
-                hub_cidrs=["127.0.0.1/32"],
+                hub_cidrs=[f"{host}/32"],
             )
             ip = _web(kube, server_labels)
             with _policy(kube, policy):
@@ -167,11 +170,11 @@ def test_the_servers_policy_lets_only_the_hub_in_and_keeps_the_metadata_address_
                     "another server to be refused",
                     lambda: _connect_from(kube, server_labels, target)[target] == "refused",
                 )
-                assert _from_host(target) == "open"  # the hub and proxy: 127.0.0.1
+                assert _from_host(target) == "open"  # the hub and proxy: the host address
                 hub, meta, other = (
-                    f"127.0.0.1:{hub_port}",
+                    f"{host}:{hub_port}",
                     f"{CLOUD_METADATA_IP}:{meta_port}",
-                    f"127.0.0.1:{other_port}",
+                    f"{host}:{other_port}",
                 )
                 assert _from_host(meta) == "open"  # there, for the machine itself
                 seen = _connect_from(kube, server_labels, hub, meta, other)
@@ -182,42 +185,29 @@ def test_the_servers_policy_lets_only_the_hub_in_and_keeps_the_metadata_address_
 
 
 def test_a_killed_agents_table_leaves_another_clusters_pods_alone(kube_ns: Kube) -> None:
-    """A SIGKILLed agent leaves its nft table behind, and conntrack marks are the machine's: that
-    table's "refuse everything from pod N" must not catch this cluster's pod N (it did, before
-    agents marked from ranges of their own: a CI run's servers never came up after an earlier
-    run was killed)."""
+    """A SIGKILLed agent leaves its nft table behind until `down`: its "refuse everything from
+    its pods" must not catch this cluster's pods (tables know pods by address, and each cluster
+    has a pod network of its own)."""
     kube = kube_ns
-    live_octet = int(_web(kube, {"app": "probe"}).split(".")[1])
-    stale_octet = 64 + (live_octet - 64 + 1) % 128  # another agent's range, as address_octet gives
-    root = netpolicy.cgroup2_root() or ""
-    stale = netpolicy.Enforcer(
-        "gpulab_dc_test_stale", f"{root}/gpulab-dc-test-stale".lstrip("/"), octet=stale_octet
-    )
+    live = int(_web(kube, {"app": "probe"}).split(".")[1]) - 64
+    stale_octet = 64 + (live - 64 + 1) % 128  # another agent's, as address_octet gives
+    stale_net = podnet.pod_network(stale_octet)
     deny_egress = {
         "metadata": {"namespace": "gone", "name": "deny"},
         "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": []},
     }
     dead_pods = [
         netpolicy.PodNet(
-            uid=f"dead-{i}",
-            namespace="gone",
-            labels={},
-            ip=f"127.{stale_octet}.1.{i + 2}",
-            cgroup=f"{stale.cgroup_root}/dead-{i}",
-            mark=stale.mark_of(f"dead-{i}"),
+            uid=f"dead-{i}", namespace="gone", labels={}, ip=str(stale_net[256 + 2 + i])
         )
         for i in range(64)  # more pods than this test's cluster has started
     ]
-    for pod in dead_pods:  # nft resolves a cgroup when it loads the rule: they existed then
-        stale.cgroup_dir(pod.uid).mkdir(parents=True, exist_ok=True)
-    script = netpolicy.compile_ruleset(stale.table, dead_pods, [deny_egress], {"gone": {}})
+    table = "gpulab_podnet_test_stale"
+    script = netpolicy.compile_ruleset(table, dead_pods, [deny_egress], {"gone": {}})
     try:
         subprocess.run(["nft", "-f", "-"], input=script.encode(), check=True)
-        with _host_server("127.0.0.1") as port:
-            target = f"127.0.0.1:{port}"
+        with _host_server(kube.cluster.host_address) as port:
+            target = f"{kube.cluster.host_address}:{port}"
             assert _connect_from(kube, {"role": "client"}, target) == {target: "open"}
     finally:
-        subprocess.run(["nft", "delete", "table", "inet", stale.table], capture_output=True)
-        for pod in dead_pods:
-            stale.cgroup_dir(pod.uid).rmdir()
-        (netpolicy.CGROUP_FS / stale.cgroup_root).rmdir()
+        netpolicy.remove_table(table)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from gpulab.devcluster import NodeSpec
-from gpulab.devcluster.agent import netpolicy
 from gpulab.devcluster.agent.devices import Devices
 from gpulab.devcluster.agent.netpolicy import PodNet, compile_ruleset, pod_to_pod
 from gpulab.devcluster.agent.podenv import (
@@ -78,7 +77,7 @@ def test_expand_follows_kubernetes_rules() -> None:
     assert expand("$(A)-$(B)-$$(A)", env) == "1-$(B)-$(A)"
 
 
-def test_env_resolves_field_refs_and_replaces_the_any_address() -> None:
+def test_env_resolves_field_refs_and_keeps_the_any_address() -> None:
     pod = {
         "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "x"}},
         "spec": {"nodeName": "n1"},
@@ -94,8 +93,9 @@ def test_env_resolves_field_refs_and_replaces_the_any_address() -> None:
         "args": ["--ip=0.0.0.0", "$(SELF)"],
     }
     env = container_env(pod, container, base={}, configmaps={}, secrets={}, node_capacity={})
-    assert env == {"IP": "127.9.1.5", "URL": "http://127.9.1.5:8888/", "SELF": "127.9.1.5"}
-    assert container_argv(container, env, "127.9.1.5") == ["--ip=127.9.1.5", "127.9.1.5"]
+    # a pod's 0.0.0.0 is its own network namespace's: left as it is
+    assert env == {"IP": "127.9.1.5", "URL": "http://0.0.0.0:8888/", "SELF": "127.9.1.5"}
+    assert container_argv(container, env) == ["--ip=0.0.0.0", "127.9.1.5"]
     assert field_value(pod, "metadata.labels['app']") == "x"
 
 
@@ -204,9 +204,9 @@ def test_run_as_non_root_passes_for_a_non_root_image_user_and_unknown_capabiliti
         identity(pod, c, image_uid=0)
 
 
-WEB = PodNet("w", "ns", {"app": "web"}, "127.1.1.2", "g/w", 1, {"http": ("tcp", 8000)})
-CLIENT = PodNet("c", "ns", {"role": "client"}, "127.1.1.3", "g/c", 2)
-OTHER_NS = PodNet("o", "other", {"role": "client"}, "127.1.1.4", "g/o", 3)
+WEB = PodNet("w", "ns", {"app": "web"}, "10.200.1.2", {"http": ("tcp", 8000)})
+CLIENT = PodNet("c", "ns", {"role": "client"}, "10.200.1.3")
+OTHER_NS = PodNet("o", "other", {"role": "client"}, "10.200.1.4")
 
 
 def _policy(ns: str, selector: dict, **spec: object) -> dict:
@@ -225,7 +225,7 @@ def test_a_connection_needs_the_senders_egress_and_the_receivers_ingress() -> No
         policyTypes=["Egress"],
         egress=[
             {
-                "to": [{"ipBlock": {"cidr": "127.1.1.0/24", "except": ["127.1.1.4/32"]}}],
+                "to": [{"ipBlock": {"cidr": "10.200.1.0/24", "except": ["10.200.1.4/32"]}}],
                 "ports": [{"port": 8000}, {"port": 8001}],
             }
         ],
@@ -244,25 +244,25 @@ def test_a_connection_needs_the_senders_egress_and_the_receivers_ingress() -> No
     assert pod_to_pod(WEB, CLIENT, [ingress], {}) is None  # CLIENT is selected by nothing
 
 
-def test_the_ruleset_marks_pods_and_refuses_what_no_rule_allows() -> None:
+def test_the_ruleset_knows_pods_by_address_and_refuses_what_no_rule_allows() -> None:
     policy = _policy(
         "ns",
         {"matchLabels": {"app": "web"}},
-        ingress=[{"from": [{"ipBlock": {"cidr": "127.0.0.1/32"}}], "ports": [{"port": "http"}]}],
+        ingress=[{"from": [{"ipBlock": {"cidr": "10.200.0.1/32"}}], "ports": [{"port": "http"}]}],
     )
-    text = compile_ruleset("t", [WEB, CLIENT], [policy], {})
-    assert 'socket cgroupv2 level 2 "g/w" ct mark set 1' in text
-    assert 'socket cgroupv2 level 2 "g/w" jump to_1' in text
-    to_web = text.split("chain to_1 {")[1].split("}\n", 1)[0]
-    assert "ct mark 0 ip saddr 127.0.0.1/32 meta l4proto tcp th dport { 8000 } accept" in to_web
-    assert "ct mark 2" not in to_web  # CLIENT may not connect: no line lets it
+    text = compile_ruleset(
+        "t", [WEB, CLIENT], [policy], {}, pod_network="10.200.0.0/16", pod_links="gdc136-*"
+    )
+    forward = text.split("chain forward {")[1].split("}\n", 1)[0]
+    output = text.split("chain output {")[1].split("}\n", 1)[0]
+    for hook in (forward, output):  # from pods and from host processes
+        assert "ip daddr 10.200.1.2 jump to_10_200_1_2" in hook
+    to_web = text.split("chain to_10_200_1_2 {")[1].split("}\n", 1)[0]
+    assert "ip saddr 10.200.0.1/32 meta l4proto tcp th dport { 8000 } accept" in to_web
+    assert "ip saddr 10.200.1.3 " not in to_web  # CLIENT may not connect: no line lets it
+    assert "ip saddr { 10.200.1.2, 10.200.1.3 } jump refuse" in to_web
     assert to_web.rstrip().endswith("reject")
-    assert "ct mark 0 accept" in text.split("chain to_2 {")[1]  # CLIENT is open to all
-
-
-def test_no_two_agents_hand_out_the_same_mark() -> None:
-    ranges = [netpolicy.Enforcer(f"t{o}", f"c{o}", octet=o) for o in (64, 65, 191)]
-    marks = [{e.mark_of(f"pod-{i}") for i in range(1000)} for e in ranges]
-    assert all(len(m) == 1000 for m in marks)
-    assert not (marks[0] & marks[1]) and not (marks[1] & marks[2]) and not (marks[0] & marks[2])
-    assert all(0 < m < 1 << 32 for m in marks[2])  # nft marks are 32 bits
+    to_client = text.split("chain to_10_200_1_3 {")[1].split("}\n", 1)[0]
+    assert "ip saddr 10.200.1.2 accept" in to_client  # CLIENT is open to all
+    assert to_client.rstrip().endswith("accept")
+    assert 'ip saddr 10.200.0.0/16 oifname != "gdc136-*" masquerade' in text

@@ -112,7 +112,9 @@ def config_source(overlay: Config) -> str:
 def _pids_of_hub(api_port: int, *, servers_only: bool = False) -> list[int]:
     """Processes that talk to the hub on `api_port`: single-user servers and their kernels, and
     (unless `servers_only`) the hub's managed services, which live as long as the hub does."""
-    marker = f"127.0.0.1:{api_port}/hub/api".encode()
+    # any address: a hub whose servers run in dev-cluster pods is reached at the host's address
+    # on the pod network
+    marker = f":{api_port}/hub/api".encode()
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():

@@ -268,12 +268,23 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
     victim_ip = victim_pod["status"]["podIP"]
     cluster_state = json.loads((cluster.state_dir / "cluster.json").read_text())
     control = json.loads((agent / "control.json").read_text())
+    # A pod has a network namespace of its own: the host's 127.0.0.1 is out of its reach, so it
+    # tries the host's services where it can reach the host, at the host's address on the pod
+    # network and at its node's address (its gateway). Each target is first shown to answer
+    # from outside the pod, on any of the host's addresses (most listen on 127.0.0.1 only).
+    host, gateway = cluster.host_address, _pod_of(cluster, ATTACKER)["status"]["hostIP"]
+    # a service of this machine on every address (as a node's sshd or node-exporter would be):
+    # what only the NetworkPolicy keeps pods from
+    every_address = socket.create_server(("0.0.0.0", 0))
+    any_port = int(every_address.getsockname()[1])
     connect: dict[str, tuple[str, int]] = {
         "victim's server": (victim_ip, 8888),
         "cloud metadata 169.254.169.254:80": CLOUD_METADATA,
-        "Kubernetes API server": ("127.0.0.1", cluster_state["ports"]["apiserver"]),
-        "etcd (every Secret, unauthenticated)": ("127.0.0.1", cluster_state["ports"]["etcd"]),
-        "node agent control API": ("127.0.0.1", control["port"]),
+        "Kubernetes API server": (host, cluster_state["ports"]["apiserver"]),
+        "etcd (every Secret, unauthenticated)": (host, cluster_state["ports"]["etcd"]),
+        "node agent control API": (host, control["port"]),
+        "a host service on every address, at the host address": (host, any_port),
+        "a host service on every address, at the pod's gateway": (gateway, any_port),
         # exec into any pod, were it not for the NetworkPolicy and the client certificate it needs
         "her node's kubelet API": (attacker_pod["status"]["hostIP"], 10250),
     }
@@ -282,9 +293,13 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
     # everyone (and asks who they are), so reaching it is no leak
     allowed = _ports_servers_call(victim_pod) | {hub.port}
     for port in sorted(_listening_ports(_descendants(hub.proc.pid)) - allowed):
-        connect[f"hub-side port {port} (not the API)"] = ("127.0.0.1", port)
+        connect[f"hub-side port {port} (not the API)"] = (host, port)
     assert hub.proxy_api_port in {p for _, p in connect.values()}, "the proxy's API is a target"
-    closed = [name for name, (host, port) in connect.items() if not _reachable(host, port)]
+    closed = [
+        name
+        for name, (address, port) in connect.items()
+        if not (_reachable(address, port) or _reachable("127.0.0.1", port))
+    ]
     assert not closed, f"the probe's addresses must answer from outside to prove anything: {closed}"
 
     victim_pids = _host_pids_of(VICTIM)
@@ -292,14 +307,17 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
     # controls, not attempts: the same probe reads the attacker's own key and reaches the hub API,
     # so a refusal is the isolation's and not that of a probe that can do nothing at all
     control_reads = {"control: own key": CHECKPOINT_KEY_FILE}
-    control_connect = {"control: the hub API": ("127.0.0.1", hub.hub_port)}
+    control_connect = {"control: the hub API": (host, hub.hub_port)}
     code = (
         f"READS = {reads!r}\nLISTINGS = {listings!r}\nCONNECT = {connect!r}\n"
         f"VICTIM_MARKER = {'JUPYTERHUB_USER=' + VICTIM!r}\nVICTIM_PID = {victim_pids[0]!r}\n"
         f"NODE_MARKERS = {['jupyterhub_config', 'kube-apiserver', 'etcd']!r}\n"
         f"CONTROL_READS = {control_reads!r}\nCONTROL_CONNECT = {control_connect!r}\n" + KUBE_PROBE
     )
-    out = await run_in_kernel(hub, ATTACKER, code)
+    try:
+        out = await run_in_kernel(hub, ATTACKER, code)
+    finally:
+        every_address.close()
     results = json.loads(out.splitlines()[-1])
     controls = {name: results.pop(name) for name in [*control_reads, *control_connect]}
     assert set(controls.values()) == {"allowed"}, f"the probe cannot work: {controls}"

@@ -20,6 +20,7 @@ from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster, NodeSpec
 from tests.harness.hub import merged
+from tests.harness.ports import free_port
 from tests.harness.wait import wait_for
 
 # -- the session cluster (tests/devcluster) ------------------------------------------------------
@@ -225,7 +226,7 @@ SPAWNER_PROFILES = [
 
 KUBE_HUB_OVERLAY = Config(
     {
-        "JupyterHub": {"spawner_class": "gpulab-kube", "hub_connect_ip": "127.0.0.1"},
+        "JupyterHub": {"spawner_class": "gpulab-kube"},
         "GPUKubeSpawner": {
             "namespace": "default",
             "image": "gpulab/singleuser:dev",  # not pulled: the node agent runs cmd
@@ -235,7 +236,6 @@ KUBE_HUB_OVERLAY = Config(
             "node_failure_seconds": 2,
             "gpu_sharing": "mig",
             "prestop_command": [sys.executable, "-m", "gpulab.spawner.singleuser.prestop"],
-            "network_policy_hub_cidrs": ["127.0.0.1/32"],  # the test hub runs on the host
         },
         "GPUCapacity": {
             "profiles": SPAWNER_PROFILES,
@@ -261,6 +261,24 @@ KUBE_WORKSPACE_OVERLAY = merged(
         }
     ),
 )
+
+
+def kube_hub_overlay(cluster: DevCluster, overlay: Config = KUBE_HUB_OVERLAY) -> Config:
+    """`overlay` for a hub on this machine whose servers run in `cluster`'s pods. A pod's
+    127.0.0.1 is its own, so the hub API and gpulab-metrics (where servers push) listen on the
+    host's address on the pod network, and the servers' NetworkPolicy admits the hub and proxy
+    by that address (the source of this machine's connections to pods)."""
+    host = cluster.host_address
+    return merged(
+        overlay,
+        Config(
+            {
+                "JupyterHub": {"hub_ip": host},
+                "GPULab": {"metrics_service_url": f"http://{host}:{free_port(host)}"},
+                "GPUKubeSpawner": {"network_policy_hub_cidrs": [f"{host}/32"]},
+            }
+        ),
+    )
 
 
 def placed_pods(cluster: DevCluster) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster
 from tests.harness.hub import Hub, merged
-from tests.harness.kube import KUBE_HUB_OVERLAY, placed_pods
+from tests.harness.kube import KUBE_HUB_OVERLAY, kube_hub_overlay, placed_pods
 
 #: (gpu_sharing, profile, the node with that backend's devices, how many shares its devices hold)
 BACKENDS: list[tuple[str, str, str, int]] = [
@@ -24,8 +24,10 @@ BACKENDS: list[tuple[str, str, str, int]] = [
 ]
 
 
-def backend_overlay(sharing: str) -> Config:
-    return merged(KUBE_HUB_OVERLAY, Config({"GPUKubeSpawner": {"gpu_sharing": sharing}}))
+def backend_overlay(sharing: str, cluster: DevCluster) -> Config:
+    return kube_hub_overlay(
+        cluster, merged(KUBE_HUB_OVERLAY, Config({"GPUKubeSpawner": {"gpu_sharing": sharing}}))
+    )
 
 
 @dataclass

@@ -27,7 +27,7 @@ def test_a_full_backend_refuses_the_next_spawn_with_409_and_leaves_no_pod_pendin
     make_hub, cluster, sharing, profile, node, slots
 ):
     hub = make_hub(
-        backend_overlay(sharing), env={"KUBECONFIG": str(cluster.kubeconfig)}, name=sharing
+        backend_overlay(sharing, cluster), env={"KUBECONFIG": str(cluster.kubeconfig)}, name=sharing
     )
     result = fill(hub, cluster, sharing, profile, slots)
     assert not result.other, result.other
@@ -45,7 +45,7 @@ def test_a_full_backend_refuses_the_next_spawn_with_409_and_leaves_no_pod_pendin
 
 def test_quota_counts_what_was_asked_on_the_kubernetes_backend(make_hub, cluster):
     overlay = merged(
-        backend_overlay("time-slicing"),
+        backend_overlay("time-slicing", cluster),
         Config({"GPUCapacity": {"user_quota_gpus": {"quinn": "1/4"}}}),
     )
     hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name="quota")
@@ -65,7 +65,9 @@ def test_quota_counts_what_was_asked_on_the_kubernetes_backend(make_hub, cluster
 
 
 def test_preemptible_work_stays_out_of_the_on_demand_headroom(make_hub, cluster):
-    overlay = merged(backend_overlay("mig"), Config({"GPUCapacity": {"headroom_fraction": 0.5}}))
+    overlay = merged(
+        backend_overlay("mig", cluster), Config({"GPUCapacity": {"headroom_fraction": 0.5}})
+    )
     hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name="headroom")
     hub.create_user("sam")
     r = hub.spawn("sam", profile="a100-spot-8")
@@ -95,7 +97,7 @@ def test_a_pod_monitor_shows_its_own_share(
     for path in (tmp_path, *enable.parents[:3]):
         path.chmod(0o755)  # the pod runs as its own uid
     enable.chmod(0o644)
-    overlay = backend_overlay(sharing)
+    overlay = backend_overlay(sharing, cluster)
     overlay.Spawner.environment.update(
         {"PYTHONPATH": str(EXTENSION_SRC), "JUPYTER_CONFIG_PATH": str(enable.parents[1])}
     )

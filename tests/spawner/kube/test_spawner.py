@@ -17,7 +17,13 @@ from traitlets.config import Config
 from gpulab.devcluster import DevCluster
 from gpulab.spawner.kube.gpu_resources import gpu_spec
 from tests.harness.hub import Hub, merged, run_in_kernel
-from tests.harness.kube import KUBE_HUB_OVERLAY, SPAWNER_NODES, placed_pod_of, placed_pods
+from tests.harness.kube import (
+    KUBE_HUB_OVERLAY,
+    SPAWNER_NODES,
+    kube_hub_overlay,
+    placed_pod_of,
+    placed_pods,
+)
 from tests.harness.wait import wait_for
 
 
@@ -28,7 +34,7 @@ def cluster(make_dev_cluster) -> DevCluster:
 
 @pytest.fixture
 def kube_hub(make_hub, cluster: DevCluster) -> Hub:
-    return make_hub(KUBE_HUB_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
+    return make_hub(kube_hub_overlay(cluster), env={"KUBECONFIG": str(cluster.kubeconfig)})
 
 
 def test_whole_gpu_server_runs_where_the_real_scheduler_put_it_and_capacity_matches(
@@ -127,7 +133,7 @@ async def test_servers_run_hardened_as_a_non_root_uid_under_the_servers_network_
     assert selector.items() <= pod["metadata"]["labels"].items()  # the policy covers the pod
     (ingress,) = policy["spec"]["ingress"]
     assert ingress["ports"] == [{"port": 8888, "protocol": "TCP"}]
-    assert {"ipBlock": {"cidr": "127.0.0.1/32"}} in ingress["from"]
+    assert {"ipBlock": {"cidr": f"{cluster.host_address}/32"}} in ingress["from"]
     internet = policy["spec"]["egress"][-1]["to"][0]["ipBlock"]
     assert "169.254.169.254/32" in internet["except"]
     hub.stop_server("nora")
@@ -211,7 +217,9 @@ def test_upstream_profile_list_keeps_working_unchanged(make_hub, cluster):
         "default": True,
         "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "1"}},
     }
-    overlay = merged(KUBE_HUB_OVERLAY, Config({"GPUKubeSpawner": {"profile_list": [legacy]}}))
+    overlay = kube_hub_overlay(
+        cluster, merged(KUBE_HUB_OVERLAY, Config({"GPUKubeSpawner": {"profile_list": [legacy]}}))
+    )
     hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name="legacy")
     hub.create_user("lee")
     hub.start_server("lee", profile="legacy")

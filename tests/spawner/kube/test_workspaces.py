@@ -18,7 +18,13 @@ from traitlets.config import Config
 from gpulab.devcluster import DevCluster
 from gpulab.spawner.workspaces.kube import KEY_FILE
 from tests.harness.hub import Hub, merged, run_in_kernel
-from tests.harness.kube import KUBE_WORKSPACE_OVERLAY, SPAWNER_NODES, placed_pod_of, placed_pods
+from tests.harness.kube import (
+    KUBE_WORKSPACE_OVERLAY,
+    SPAWNER_NODES,
+    kube_hub_overlay,
+    placed_pod_of,
+    placed_pods,
+)
 from tests.harness.wait import wait_for
 from tests.harness.workspace_contract import check_workspace_contract
 
@@ -104,7 +110,10 @@ def cluster(make_dev_cluster) -> DevCluster:
 
 @pytest.fixture
 def ws_hub(make_hub, cluster: DevCluster) -> Hub:
-    return make_hub(KUBE_WORKSPACE_OVERLAY, env={"KUBECONFIG": str(cluster.kubeconfig)})
+    return make_hub(
+        kube_hub_overlay(cluster, KUBE_WORKSPACE_OVERLAY),
+        env={"KUBECONFIG": str(cluster.kubeconfig)},
+    )
 
 
 async def test_kernel_variables_files_and_packages_survive_a_restart_of_a_kube_server(
@@ -273,7 +282,7 @@ async def test_snapshots_are_listed_restored_and_cloned_over_the_rest_api(ws_hub
 async def test_a_running_kube_server_is_snapshotted_on_a_schedule(make_hub, cluster):
     hub = make_hub(
         merged(
-            KUBE_WORKSPACE_OVERLAY,
+            kube_hub_overlay(cluster, KUBE_WORKSPACE_OVERLAY),
             Config({"GPUKubeSpawner": {"snapshot_interval_seconds": 2}}),
         ),
         env={"KUBECONFIG": str(cluster.kubeconfig)},
@@ -384,7 +393,7 @@ async def test_the_prestop_save_alone_brings_back_the_last_cell_after_a_preempti
 ):
     # per-cell saves off in the pod (a 0 MB incremental limit): nothing of the cell is saved
     # until the pod stops
-    overlay = merged(KUBE_WORKSPACE_OVERLAY, Config())
+    overlay = kube_hub_overlay(cluster, KUBE_WORKSPACE_OVERLAY)
     overlay.Spawner.environment.update({"GPULAB_CHECKPOINT_INCREMENTAL_MB": "0"})
     hub = make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)}, name="final-save")
     hub.create_user("pia")
