@@ -79,7 +79,8 @@ def test_junit_outcomes_cluster_marks_and_reasons(tmp_path):
     }
     start = results["tests/test_spawner.py::test_spawn_start"]
     assert (start.outcome, start.needs_cluster) == ("failed", True)
-    assert start.reason().startswith("no kubelet API")  # recognised in the failure's text
+    # recognised in the failure's text
+    assert start.reason().startswith("the API server could not reach the node's kubelet API")
     assert start.message in start.reason()  # and the original message kept beside it
     # a testcase without the plugin's property is no cluster test
     assert not results["tests/test_utils.py::test_update_k8s_model"].needs_cluster
