@@ -376,12 +376,17 @@ class DevCluster(ClusterState):
         strays = procs.stray_processes(marker, ("launcher.py", AGENT_MODULE, "kube-", "etcd"))
         if strays:
             stopped += procs.stop(strays, grace_seconds=2)
-        from .agent import netpolicy, podnet
+        from .agent import clusterdns, netpolicy, podnet
         from .agent.runtime import remove_recorded
 
         remove_recorded(self.state_dir / "agent" / "host-paths.json")
         # what a killed agent (SIGKILL skips its own cleanup) left: found by name
         octet = podnet.cluster_octet(self.state_dir / "agent")
+        dns_records = clusterdns.records_dir(octet)
+        stray_dns = procs.stray_processes(f"{dns_records}/", ("dnsmasq",))
+        if stray_dns:
+            stopped += procs.stop(stray_dns, grace_seconds=2)
+        shutil.rmtree(dns_records, ignore_errors=True)
         podnet.remove_leftovers(octet)
         netpolicy.remove_table(netpolicy.table_name(octet))
         if purge:

@@ -25,7 +25,7 @@ from kubernetes_asyncio import client
 
 from ..pki import KubeletPKI
 from ..spec import NodeSpec
-from . import netpolicy, podnet
+from . import clusterdns, netpolicy, podnet
 from .devices import Devices
 from .kube import Events, api_client, log, watch_forever
 from .kubeletapi import KUBELET_PORT, KubeletServer, server_context
@@ -65,6 +65,7 @@ class SimulatedNode:
             devices=Devices(spec),
             netpol=agent.netpol,
             network=agent.network,
+            dns_server=agent.dns_address,
         )
         self.pods = PodManager(self.ctx)
         self.kubelet = KubeletServer(spec.name, self.pods)
@@ -135,6 +136,10 @@ class Agent:
         self.netpol: netpolicy.Enforcer | None = None
         #: why NetworkPolicies are not enforced (None: they are)
         self.netpol_off: str | None = None
+        #: the cluster's DNS server (None: none runs; pods keep the host's resolv.conf)
+        self.dns: clusterdns.ClusterDNS | None = None
+        self.dns_address: str | None = None
+        self.dns_watch: asyncio.Future[Any]
 
     def _base_env(self) -> dict[str, str]:
         url = urlparse(self.api.configuration.host)
@@ -162,6 +167,7 @@ class Agent:
             d.mkdir(exist_ok=True)
             d.chmod(0o700)
         self.octet = await self.network.start()
+        await self._start_cluster_dns()
         policies = await self._start_network_policies()
         for i, spec in enumerate(self.specs):
             self.nodes[spec.name] = SimulatedNode(self, spec, i)
@@ -196,8 +202,32 @@ class Agent:
                 await policies
         if self.netpol is not None:
             await self.netpol.remove()
+        if self.dns is not None:
+            self.dns_watch.cancel()
+            with contextlib.suppress(BaseException):
+                await self.dns_watch
+            await self.dns.stop()
         await self.network.stop()
         await self.api.close()
+
+    async def _start_cluster_dns(self) -> None:
+        """dnsmasq on the host's pod-network address, port 53, answering the cluster's names;
+        pods with dnsPolicy ClusterFirst get it in their /etc/resolv.conf. Without dnsmasq (or
+        with port 53 taken there) pods keep the host's resolv.conf, and the log says why."""
+        address = podnet.host_address(self.octet)
+        logs = self.state_dir.parent / "logs"
+        server = clusterdns.ClusterDNS(clusterdns.records_dir(self.octet), address)
+        try:
+            await server.start(
+                logs / "dnsmasq.log" if logs.is_dir() else self.state_dir / "dnsmasq.log"
+            )
+        except (OSError, RuntimeError) as e:
+            log.warning("no cluster DNS (pods keep the host's resolv.conf): %s", e)
+            await server.stop()
+            return
+        self.dns = server
+        self.dns_address = address
+        self.dns_watch = asyncio.ensure_future(server.watch(client.CoreV1Api(self.api)))
 
     async def _kubelet_certificates(self) -> None:
         """Each node's serving certificate for the IP its Node object reports, signed by the

@@ -31,9 +31,53 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .kube import log
+from .kube import log, watch_forever
 
 ZONE = "cluster.local"
+#: the kubelet's default (resolvConf options): names with fewer dots try the search list first
+NDOTS = 5
+
+
+def records_dir(octet: int) -> Path:
+    """Where a cluster's records live: outside the agent's 0700 state folder, since dnsmasq reads
+    them as 'nobody'; named for the cluster's pod-network octet, so `down` finds a killed
+    agent's dnsmasq by it."""
+    return Path(f"/run/gpulab-dns-{octet}")
+
+
+def resolv_conf(pod: Mapping[str, Any], nameserver: str, zone: str = ZONE) -> str | None:
+    """The pod's /etc/resolv.conf as the kubelet writes it; None: the host's (dnsPolicy Default).
+
+    ClusterFirst (the default; ClusterFirstWithHostNet alike, pods have no host network here):
+    the cluster's DNS, searching the pod's namespace, then svc, then the zone, ndots:5. None:
+    only `dnsConfig`. `dnsConfig` adds nameservers and searches and sets options, as documented.
+    """
+    spec = pod.get("spec") or {}
+    policy = spec.get("dnsPolicy") or "ClusterFirst"
+    if policy == "Default" and not spec.get("dnsConfig"):
+        return None
+    namespace = pod["metadata"]["namespace"]
+    nameservers: list[str] = []
+    searches: list[str] = []
+    options: dict[str, str | None] = {}
+    if policy in ("ClusterFirst", "ClusterFirstWithHostNet"):
+        nameservers = [nameserver]
+        searches = [f"{namespace}.svc.{zone}", f"svc.{zone}", zone]
+        options = {"ndots": str(NDOTS)}
+    config = spec.get("dnsConfig") or {}
+    nameservers += [n for n in config.get("nameservers") or [] if n not in nameservers]
+    searches += [d for d in config.get("searches") or [] if d not in searches]
+    for option in config.get("options") or []:
+        options[option["name"]] = option.get("value")
+    lines = [f"nameserver {n}" for n in nameservers[:3]]  # the resolver reads three at most
+    if searches:
+        lines.append("search " + " ".join(searches))
+    if options:
+        lines.append(
+            "options "
+            + " ".join(k if v is None else f"{k}:{v}" for k, v in sorted(options.items()))
+        )
+    return "".join(line + "\n" for line in lines)
 
 
 def _ready_addresses(subset: Mapping[str, Any], publish_not_ready: bool) -> list[Mapping[str, Any]]:
@@ -176,6 +220,56 @@ class ClusterDNS:
         """Write the records and make dnsmasq reread them (no reload when nothing changed)."""
         if self._write(hosts_text(records)) and self.proc and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGHUP)
+
+    async def watch(self, core: Any) -> None:
+        """Keep the records current from the API (Services, Endpoints, pods; all namespaces)."""
+        objects: dict[str, dict[tuple[str, str], Mapping[str, Any]]] = {
+            "services": {},
+            "endpoints": {},
+            "pods": {},
+        }
+
+        def handler(kind: str) -> Any:
+            async def handle(event: str, obj: dict[str, Any]) -> None:
+                key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+                if event == "DELETED":
+                    objects[kind].pop(key, None)
+                else:
+                    objects[kind][key] = obj
+                records = service_records(
+                    objects["services"].values(), objects["endpoints"].values(), self.zone
+                )
+                records.update(pod_records(objects["pods"].values(), self.zone))
+                self.update(records)
+
+            return handle
+
+        def resync(kind: str) -> Any:
+            async def forget(items: list[dict[str, Any]]) -> None:
+                objects[kind].clear()  # a relist replaces what was known
+
+            return forget
+
+        await asyncio.gather(
+            watch_forever(
+                "services",
+                core.list_service_for_all_namespaces,
+                handler("services"),
+                resync=resync("services"),
+            ),
+            watch_forever(
+                "endpoints",
+                core.list_endpoints_for_all_namespaces,
+                handler("endpoints"),
+                resync=resync("endpoints"),
+            ),
+            watch_forever(
+                "pods",
+                core.list_pod_for_all_namespaces,
+                handler("pods"),
+                resync=resync("pods"),
+            ),
+        )
 
     async def stop(self) -> None:
         if self.proc is None or self.proc.returncode is not None:

@@ -16,11 +16,13 @@ from typing import Any
 
 import aiohttp
 
-from . import podenv, podsecurity, podvolumes
+from . import clusterdns, podenv, podsecurity, podvolumes
 from .kube import log, now, raw, status_of
 from .podstate import ContainerState, PodState
 from .runtime import ContainerProcess, StartError
 
+#: where a pod's resolver reads its name servers (bind-mounted over the host's in the pod)
+RESOLV_CONF = Path("/etc/resolv.conf")
 MAX_BACKOFF_SECONDS = 300
 
 
@@ -146,6 +148,11 @@ class ContainerRunner(PodState):
                     "file": src.is_file(),
                 }
             )
+        resolv = self._resolv_conf()
+        if resolv is not None and not any(Path(m["target"]) == RESOLV_CONF for m in mounts):
+            mounts.append(
+                {"source": str(resolv), "target": str(RESOLV_CONF), "readOnly": True, "file": True}
+            )
         targets = [Path(m["target"]) for m in mounts]
 
         def covered(p: Path) -> bool:
@@ -167,6 +174,20 @@ class ContainerRunner(PodState):
             "identity": ident.as_spec(),
             "netns": str(self.netns) if self.netns else None,
         }
+
+    def _resolv_conf(self) -> Path | None:
+        """The pod's resolv.conf (the cluster's DNS, per its dnsPolicy), written once per pod as
+        the kubelet does; None: the host's stays (no cluster DNS, or dnsPolicy Default)."""
+        if self.node.dns_server is None:
+            return None
+        text = clusterdns.resolv_conf(self.pod, self.node.dns_server)
+        if text is None:
+            return None
+        path = self.dir / "resolv.conf"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            path.chmod(0o644)  # read by the pod's processes, whatever their uid
+        return path
 
     async def _load_env_objects(self) -> None:
         cms, secs = podenv.referenced_objects(self.pod)

@@ -66,6 +66,8 @@ class NodeContext:
     netpol: Enforcer | None = None
     #: the pods' network namespaces and veths (None: unit tests without one)
     network: PodNetwork | None = None
+    #: the cluster DNS server's address (None: none runs; pods keep the host's resolv.conf)
+    dns_server: str | None = None
 
 
 @dataclass

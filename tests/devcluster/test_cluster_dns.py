@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -16,8 +18,11 @@ from gpulab.devcluster.agent.clusterdns import (
     ClusterDNS,
     hosts_text,
     pod_records,
+    resolv_conf,
     service_records,
 )
+from tests.harness.kube import Kube, pod_manifest
+from tests.harness.wait import wait_for
 
 
 def _service(name: str, ns: str, cluster_ip: str, **spec: object) -> dict:
@@ -151,3 +156,100 @@ async def test_dnsmasq_answers_the_records_and_rereads_them_on_change() -> None:
         await server.stop()
         shutil.rmtree(records_dir, ignore_errors=True)
     assert server.proc.returncode is not None
+
+
+def test_resolv_conf_follows_the_pods_dns_policy() -> None:
+    pod = {"metadata": {"namespace": "alice"}, "spec": {}}
+    assert resolv_conf(pod, "10.128.0.1") == (
+        "nameserver 10.128.0.1\n"
+        "search alice.svc.cluster.local svc.cluster.local cluster.local\n"
+        "options ndots:5\n"
+    )
+    assert resolv_conf({**pod, "spec": {"dnsPolicy": "Default"}}, "10.128.0.1") is None
+    custom = {
+        "dnsPolicy": "None",
+        "dnsConfig": {
+            "nameservers": ["192.0.2.53"],
+            "searches": ["example.org"],
+            "options": [{"name": "ndots", "value": "2"}, {"name": "edns0"}],
+        },
+    }
+    assert resolv_conf({**pod, "spec": custom}, "10.128.0.1") == (
+        "nameserver 192.0.2.53\nsearch example.org\noptions edns0 ndots:2\n"
+    )
+
+
+# resolves each name given inside the pod and prints {name: [addresses] | "error ..."}
+RESOLVE = r"""
+import json, socket, sys
+out = {"resolv.conf": open("/etc/resolv.conf").read()}
+for name in sys.argv[1:]:
+    try:
+        out[name] = sorted({a[4][0] for a in socket.getaddrinfo(name, None, socket.AF_INET)})
+    except OSError as e:
+        out[name] = f"error {e}"
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_a_pod_resolves_services_and_pods_by_their_cluster_names(kube: Kube) -> None:
+    labels = {"app": kube.name("dns")}
+    web_name = kube.name("web")
+    m = pod_manifest(web_name, [sys.executable, "-m", "http.server", "8000"])
+    m["metadata"]["labels"] = labels
+    m["spec"]["hostname"], m["spec"]["subdomain"] = "scheduler", labels["app"] + "-h"
+    kube.create_pod(m)
+    web_ip = kube.wait_ready(web_name)["status"]["podIP"]
+    ns = kube.ns
+    svc, headless = labels["app"], labels["app"] + "-h"
+    for name, cluster_ip in ((svc, None), (headless, "None")):
+        spec: dict = {"selector": labels, "ports": [{"port": 80, "targetPort": 8000}]}
+        if cluster_ip:
+            spec["clusterIP"] = cluster_ip
+        kube.api(
+            "POST", f"/api/v1/namespaces/{ns}/services", {"metadata": {"name": name}, "spec": spec}
+        )
+    try:
+        cluster_ip = kube.api("GET", f"/api/v1/namespaces/{ns}/services/{svc}")["spec"]["clusterIP"]
+        names = [
+            svc,  # the short name, through the search list
+            f"{svc}.{ns}.svc.cluster.local",
+            f"{headless}.{ns}.svc.cluster.local",
+            f"scheduler.{headless}.{ns}.svc.cluster.local",
+            f"{web_ip.replace('.', '-')}.{ns}.pod.cluster.local",
+            f"nope.{ns}.svc.cluster.local",
+        ]
+        expected = {
+            names[0]: [cluster_ip],
+            names[1]: [cluster_ip],
+            names[2]: [web_ip],
+            names[3]: [web_ip],
+            names[4]: [web_ip],
+        }
+
+        def resolved() -> dict | None:
+            probe = kube.name("resolve")
+            kube.create_pod(pod_manifest(probe, [sys.executable, "-c", RESOLVE, *names]))
+            kube.wait_phase(probe, "Succeeded", "Failed")
+            out = json.loads(kube.cluster.logs(probe, ns).strip().splitlines()[-1])
+            # the endpoint controller and the DNS watch follow the API a moment behind
+            return out if all(out[n] == v for n, v in expected.items()) else None
+
+        out = wait_for("the pod to resolve the cluster's names", resolved, 60, 1)
+        assert out["resolv.conf"].startswith("nameserver 10.")
+        assert (
+            f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in out["resolv.conf"]
+        )
+        assert str(out[names[5]]).startswith("error")  # unknown in the zone: no address
+    finally:
+        for name in (svc, headless):
+            kube.api("DELETE", f"/api/v1/namespaces/{ns}/services/{name}")
+
+
+def test_dns_policy_default_keeps_the_hosts_resolv_conf(kube: Kube) -> None:
+    name = kube.name("hostdns")
+    m = pod_manifest(name, ["cat", "/etc/resolv.conf"])
+    m["spec"]["dnsPolicy"] = "Default"
+    kube.create_pod(m)
+    kube.wait_phase(name, "Succeeded", "Failed")
+    assert kube.cluster.logs(name, kube.ns) == Path("/etc/resolv.conf").read_text()

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpulab.devcluster import DevCluster, NodeSpec
-from gpulab.devcluster.agent import netpolicy, podnet
+from gpulab.devcluster import DevCluster, NodeSpec, procs
+from gpulab.devcluster.agent import clusterdns, netpolicy, podnet
 from tests.harness.kube import Kube, pod_manifest
 from tests.harness.wait import wait_for
 
@@ -182,8 +182,12 @@ def test_down_removes_the_network_a_killed_agent_left(make_dev_cluster) -> None:
     state = json.loads((cluster.state_dir / "cluster.json").read_text())
     os.kill(state["procs"]["agent"]["pid"], signal.SIGKILL)  # no cleanup of its own
     assert _our_links_and_namespaces(octet)
+    dns = f"{clusterdns.records_dir(octet)}/"
+    assert procs.stray_processes(dns, ("dnsmasq",))  # the cluster's DNS outlives its agent
     cluster.down()
     assert _our_links_and_namespaces(octet) == set()
+    assert not procs.stray_processes(dns, ("dnsmasq",))
+    assert not clusterdns.records_dir(octet).exists()
     nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     assert netpolicy.table_name(octet) not in nft
 
