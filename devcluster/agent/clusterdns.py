@@ -132,6 +132,38 @@ def pod_records(pods: Iterable[Mapping[str, Any]], zone: str = ZONE) -> dict[str
     return records
 
 
+def pod_hostname(pod: Mapping[str, Any]) -> str:
+    """The pod's hostname: `spec.hostname`, else its name cut to a DNS label (63 characters)."""
+    spec = pod.get("spec") or {}
+    return str(spec.get("hostname") or pod["metadata"]["name"][:63].rstrip("-."))
+
+
+def etc_hosts(pod: Mapping[str, Any], ip: str, zone: str = ZONE) -> str:
+    """The pod's /etc/hosts as the kubelet manages it: localhost, the pod's address under its
+    hostname (and its FQDN when `spec.subdomain` names a headless Service), `hostAliases`."""
+    spec = pod.get("spec") or {}
+    hostname = pod_hostname(pod)
+    names = [hostname]
+    if spec.get("subdomain"):
+        names.insert(0, f"{hostname}.{spec['subdomain']}.{pod['metadata']['namespace']}.svc.{zone}")
+    lines = [
+        "# Kubernetes-managed hosts file.",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        "fe00::0\tip6-localnet",
+        "fe00::0\tip6-mcastprefix",
+        "fe00::1\tip6-allnodes",
+        "fe00::2\tip6-allrouters",
+        f"{ip}\t" + "\t".join(names),
+    ]
+    aliases = spec.get("hostAliases") or []
+    if aliases:
+        lines.append("")
+        lines.append("# Entries added by HostAliases.")
+        lines += [f"{a['ip']}\t" + "\t".join(a.get("hostnames") or []) for a in aliases]
+    return "".join(line + "\n" for line in lines)
+
+
 def hosts_text(records: Mapping[str, set[str]]) -> str:
     """A hosts file: one line per address and name, sorted so an unchanged set reads the same."""
     lines = [f"{ip} {name}" for name in sorted(records) for ip in sorted(records[name])]

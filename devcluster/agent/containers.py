@@ -23,6 +23,7 @@ from .runtime import ContainerProcess, StartError
 
 #: where a pod's resolver reads its name servers (bind-mounted over the host's in the pod)
 RESOLV_CONF = Path("/etc/resolv.conf")
+ETC_HOSTS = Path("/etc/hosts")
 MAX_BACKOFF_SECONDS = 300
 
 
@@ -112,7 +113,7 @@ class ContainerRunner(PodState):
         base = {
             **self.node.base_env,
             "HOME": podsecurity.default_home(ident.uid, str(self.dir / "home")),
-            "HOSTNAME": self.name,
+            "HOSTNAME": clusterdns.pod_hostname(self.pod),
         }
         if as_agent:
             base["JUPYTER_CONFIG_PATH"] = str(self.dir / "jupyter-config")
@@ -148,11 +149,11 @@ class ContainerRunner(PodState):
                     "file": src.is_file(),
                 }
             )
-        resolv = self._resolv_conf()
-        if resolv is not None and not any(Path(m["target"]) == RESOLV_CONF for m in mounts):
-            mounts.append(
-                {"source": str(resolv), "target": str(RESOLV_CONF), "readOnly": True, "file": True}
-            )
+        for managed, target in ((self._resolv_conf(), RESOLV_CONF), (self._etc_hosts(), ETC_HOSTS)):
+            if managed is not None and not any(Path(m["target"]) == target for m in mounts):
+                mounts.append(
+                    {"source": str(managed), "target": str(target), "readOnly": True, "file": True}
+                )
         targets = [Path(m["target"]) for m in mounts]
 
         def covered(p: Path) -> bool:
@@ -173,6 +174,9 @@ class ContainerRunner(PodState):
             "mounts": mounts,
             "identity": ident.as_spec(),
             "netns": str(self.netns) if self.netns else None,
+            # a UTS namespace with the pod's hostname, only with a network of its own (the
+            # hostname names the pod's address in its /etc/hosts)
+            "hostname": clusterdns.pod_hostname(self.pod) if self.netns else None,
         }
 
     def _resolv_conf(self) -> Path | None:
@@ -183,7 +187,17 @@ class ContainerRunner(PodState):
         text = clusterdns.resolv_conf(self.pod, self.node.dns_server)
         if text is None:
             return None
-        path = self.dir / "resolv.conf"
+        return self._pod_file("resolv.conf", text)
+
+    def _etc_hosts(self) -> Path | None:
+        """The pod's /etc/hosts (its hostname at its address), as the kubelet manages it; None
+        without a pod network (the pod would have no address of its own to name)."""
+        if self.netns is None or not self.ip:
+            return None
+        return self._pod_file("hosts", clusterdns.etc_hosts(self.pod, self.ip))
+
+    def _pod_file(self, name: str, text: str) -> Path:
+        path = self.dir / name
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             path.chmod(0o644)  # read by the pod's processes, whatever their uid

@@ -4,14 +4,14 @@
 
 SPEC: {"argv": [...], "env": {...}, "workingDir": "/x", "mounts": [{"source", "target",
 "readOnly", "file"}], "identity": {"uid", "gid", "groups", "noNewPrivs", "dropCapabilities"},
-"logPath": "CONTAINER.log", "netns": "/run/netns/NAME"}. Three processes, like a container runtime
-with tini:
+"logPath": "CONTAINER.log", "netns": "/run/netns/NAME", "hostname": "POD"}. Three processes,
+like a container runtime with tini:
 
 - this launcher (host PID namespace; dies with the agent via PDEATHSIG) enters the pod's network
-  namespace (made by the agent, `podnet`), unshares mount + PID namespaces, makes mounts
-  private and bind-mounts the volumes at their mount paths; then, as containerd's shim, it
-  writes what the container sends to its stdout and stderr pipes to logPath as CRI log records
-  (crilog.py);
+  namespace (made by the agent, `podnet`), unshares mount, PID and UTS namespaces (the pod's
+  hostname), makes mounts private and bind-mounts the volumes at their mount paths; then, as
+  containerd's shim, it writes what the container sends to its stdout and stderr pipes to
+  logPath as CRI log records (crilog.py);
 - its child is PID 1 of the new namespace: mounts /proc, becomes the container's identity (drops
   capabilities from the bounding set, sets no_new_privs, groups, gid, uid: nothing in the pod's
   namespace keeps root's powers), forwards signals, reaps orphans and exits with the container's
@@ -36,6 +36,7 @@ import crilog  # this folder: the launcher runs by path, its folder is sys.path[
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWUTS = 0x04000000
 CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -260,6 +261,15 @@ def _enter_netns(path) -> None:
         os.close(fd)
 
 
+def _set_hostname(name) -> None:
+    """The pod's hostname in a UTS namespace of the container's own (every container of the pod
+    sets the same name, as they would share the pause container's)."""
+    if not name:
+        return
+    raw = name.encode()
+    _check(libc.sethostname(raw, len(raw)), f"sethostname {name}")
+
+
 def main() -> int:
     _pdeathsig()
     with open(sys.argv[1]) as fh:
@@ -271,7 +281,8 @@ def main() -> int:
         _report(status, event="failed", reason="StartError", message=f"network namespace: {e}")
         return 128
     try:
-        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
+        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS), "unshare")
+        _set_hostname(spec.get("hostname"))
         _set_up_mounts(spec.get("mounts", []))
     except OSError as e:
         _report(status, event="failed", reason="StartError", message=f"mounting volumes: {e}")

@@ -233,13 +233,13 @@ class ContainerProcess:
         identity: Identity | None,
         tty: bool = False,
     ) -> list[str]:
-        """The host command that runs argv inside the container: its mount, PID and network
+        """The host command that runs argv inside the container: its mount, PID, network and UTS
         namespaces (nsenter; in the pod's network namespace the pod's NetworkPolicies cover what
         it connects to, by its address), its identity (setpriv: an exec is no way back to root),
         a session of its own on the terminal with tty (setsid -c: job control, ^C)."""
         if not self.init_pid:
             raise StartError(f"container {self.name} is not running")
-        cmd = ["nsenter", f"--target={self.init_pid}", "--mount", "--pid", "--net"]
+        cmd = ["nsenter", f"--target={self.init_pid}", "--mount", "--pid", "--net", "--uts"]
         if cwd:
             cmd.append(f"--wd={cwd}")
         cmd.append("--")

@@ -16,7 +16,9 @@ import pytest
 
 from gpulab.devcluster.agent.clusterdns import (
     ClusterDNS,
+    etc_hosts,
     hosts_text,
+    pod_hostname,
     pod_records,
     resolv_conf,
     service_records,
@@ -253,3 +255,42 @@ def test_dns_policy_default_keeps_the_hosts_resolv_conf(kube: Kube) -> None:
     kube.create_pod(m)
     kube.wait_phase(name, "Succeeded", "Failed")
     assert kube.cluster.logs(name, kube.ns) == Path("/etc/resolv.conf").read_text()
+
+
+def test_etc_hosts_names_the_pod_as_the_kubelet_does() -> None:
+    pod = {
+        "metadata": {"name": "web-0", "namespace": "alice"},
+        "spec": {
+            "hostname": "scheduler",
+            "subdomain": "dask",
+            "hostAliases": [{"ip": "192.0.2.7", "hostnames": ["db", "db.local"]}],
+        },
+    }
+    lines = etc_hosts(pod, "10.130.1.5").splitlines()
+    assert lines[0] == "# Kubernetes-managed hosts file."
+    assert "127.0.0.1\tlocalhost" in lines
+    assert "10.130.1.5\tscheduler.dask.alice.svc.cluster.local\tscheduler" in lines
+    assert lines[-1] == "192.0.2.7\tdb\tdb.local"
+    long_name = {"metadata": {"name": "x" * 62 + "-yz", "namespace": "a"}, "spec": {}}
+    assert pod_hostname(long_name) == "x" * 62  # a DNS label: 63 at most, no trailing dash
+
+
+# prints the pod's idea of itself: its hostname, what that resolves to, its /etc/hosts
+WHOAMI = r"""
+import json, socket
+name = socket.gethostname()
+print(json.dumps({"hostname": name, "address": socket.gethostbyname(name),
+                  "hosts": open("/etc/hosts").read()}), flush=True)
+"""
+
+
+def test_a_pod_has_its_hostname_and_its_address_under_it(kube: Kube) -> None:
+    name = kube.name("whoami")
+    m = pod_manifest(name, [sys.executable, "-c", WHOAMI])
+    kube.create_pod(m)
+    pod = kube.wait_phase(name, "Succeeded", "Failed")
+    out = json.loads(kube.cluster.logs(name, kube.ns).strip().splitlines()[-1])
+    assert out["hostname"] == name  # a UTS namespace of its own: not the machine's name
+    assert out["address"] == pod["status"]["podIP"]
+    assert out["hosts"].startswith("# Kubernetes-managed hosts file.")
+    assert socket.gethostname() != name  # the machine's own is untouched
