@@ -248,19 +248,29 @@ class KubeletServer:
 
     # -- exec and attach --------------------------------------------------------------------
 
-    async def exec(self, request: web.Request) -> web.StreamResponse:
+    def _streaming_to(
+        self, request: web.Request
+    ) -> tuple[PodWorker, ContainerState, _Channels] | web.Response:
+        """The running container and the channels an exec or attach asks for, or the refusal."""
         found = self._container(request, _status_error)
         if isinstance(found, web.Response):
             return found
         worker, cs = found
-        command = request.query.getall("command", [])
-        if not command:
-            return _status_error(400, "exec needs a command")
         if cs.proc is None or not cs.running:
             return _status_error(400, f'container "{cs.name}" is not running')
         channels = _Channels.requested(request)
         if isinstance(channels, web.Response):
             return channels
+        return worker, cs, channels
+
+    async def exec(self, request: web.Request) -> web.StreamResponse:
+        found = self._streaming_to(request)
+        if isinstance(found, web.Response):
+            return found
+        _worker, cs, channels = found
+        command = request.query.getall("command", [])
+        if not command:
+            return _status_error(400, "exec needs a command")
         try:
             argv = cs.proc.exec_argv(
                 command,
@@ -275,15 +285,10 @@ class KubeletServer:
         return ws
 
     async def attach(self, request: web.Request) -> web.StreamResponse:
-        found = self._container(request, _status_error)
+        found = self._streaming_to(request)
         if isinstance(found, web.Response):
             return found
-        worker, cs = found
-        if cs.proc is None or not cs.running:
-            return _status_error(400, f'container "{cs.name}" is not running')
-        channels = _Channels.requested(request)
-        if isinstance(channels, web.Response):
-            return channels
+        worker, cs, channels = found
         if channels.stdin or channels.tty:
             # containers run with stdin closed and no terminal here (a pod's `stdin`/`tty` are
             # not simulated): what the runtime answers for such a container

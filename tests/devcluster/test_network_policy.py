@@ -18,7 +18,7 @@ import pytest
 
 from gpulab.devcluster.agent import netpolicy, podnet
 from gpulab.spawner.kube.objects import CLOUD_METADATA_IP, singleuser_network_policy
-from tests.harness.kube import Kube, pod_manifest
+from tests.harness.kube import CONNECT_SCRIPT, Kube, pod_manifest
 from tests.harness.wait import wait_for
 
 NETPOL_API = "/apis/networking.k8s.io/v1/namespaces"
@@ -28,21 +28,6 @@ pytestmark = pytest.mark.skipif(
     reason=f"the node agent cannot enforce NetworkPolicies here: {netpolicy.unavailable_reason()}",
 )
 
-# tries each "host:port" given and prints {target: "open" | "refused" | "error ..."}
-CONNECT = r"""
-import json, socket, sys
-out = {}
-for target in sys.argv[1:]:
-    host, port = target.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-        out[target] = "open"
-    except ConnectionRefusedError:
-        out[target] = "refused"
-    except OSError as e:
-        out[target] = f"error {e}"
-print(json.dumps(out), flush=True)
-"""
 
 WEB = [sys.executable, "-m", "http.server", "8000", "--bind", "$(POD_IP)"]  # or 0.0.0.0: the same
 POD_IP = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
@@ -61,7 +46,7 @@ def _web(kube: Kube, labels: dict[str, str]) -> str:
 
 def _connect_from(kube: Kube, labels: dict[str, str], *targets: str) -> dict[str, str]:
     name = kube.name("client")
-    m = pod_manifest(name, [sys.executable, "-c", CONNECT, *targets])
+    m = pod_manifest(name, [sys.executable, "-c", CONNECT_SCRIPT, *targets])
     m["metadata"]["labels"] = labels
     kube.create_pod(m)
     pod = kube.wait_phase(name, "Succeeded", "Failed")

@@ -20,26 +20,11 @@ from pathlib import Path
 
 from gpulab.devcluster import DevCluster, NodeSpec, procs
 from gpulab.devcluster.agent import clusterdns, netpolicy, podnet
-from tests.harness.kube import Kube, pod_manifest
+from tests.harness.kube import CONNECT_SCRIPT, Kube, pod_manifest
 from tests.harness.wait import wait_for
 
 SERVICE_CIDR = ipaddress.ip_network("10.96.0.0/16")
 
-# tries each "host:port" given and prints {target: "open" | "refused" | "error ..."}
-CONNECT = r"""
-import json, socket, sys
-out = {}
-for target in sys.argv[1:]:
-    host, port = target.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-        out[target] = "open"
-    except ConnectionRefusedError:
-        out[target] = "refused"
-    except OSError as e:
-        out[target] = f"error {e}"
-print(json.dumps(out), flush=True)
-"""
 
 # 0.0.0.0: the pod's own namespace (the agent no longer rewrites it to a pod address)
 WEB = [sys.executable, "-m", "http.server", "8000", "--bind", "0.0.0.0"]
@@ -64,7 +49,7 @@ def _run(kube: Kube, command: list[str]) -> str:
 
 
 def _connect_from_pod(kube: Kube, *targets: str) -> dict[str, str]:
-    out = _run(kube, [sys.executable, "-c", CONNECT, *targets])
+    out = _run(kube, [sys.executable, "-c", CONNECT_SCRIPT, *targets])
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 

@@ -44,6 +44,24 @@ KUBE_NODES = [
 ]
 
 
+# a pod's command (python -c): tries each "host:port" given and prints
+# {target: "open" | "refused" | "error ..."}
+CONNECT_SCRIPT = r"""
+import json, socket, sys
+out = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+        out[target] = "open"
+    except ConnectionRefusedError:
+        out[target] = "refused"
+    except OSError as e:
+        out[target] = f"error {e}"
+print(json.dumps(out), flush=True)
+"""
+
+
 def pod_manifest(
     name: str,
     command: list[str],
