@@ -80,6 +80,12 @@ def records(data: bytes) -> Iterator[Record]:
             yield parse_line(line)
 
 
+def split_complete(data: bytes) -> tuple[bytes, bytes]:
+    """`data` as (its complete lines, the unfinished last line a reader keeps for later)."""
+    end = data.rfind(b"\n") + 1
+    return data[:end], data[end:]
+
+
 def tail_start(data: bytes, lines: int) -> int:
     """Where the last `lines` complete lines of `data` (which ends with a newline) begin."""
     if lines <= 0:

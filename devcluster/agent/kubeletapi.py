@@ -225,8 +225,7 @@ class KubeletServer:
         fh = await asyncio.to_thread(path.open, "rb")
         with fh:
             data = await asyncio.to_thread(fh.read)
-            complete = data[: data.rfind(b"\n") + 1]
-            rest = data[len(complete) :]
+            complete, rest = crilog.split_complete(data)
             if tail is not None:  # only the end is parsed: a long log's tail stays cheap
                 complete = complete[crilog.tail_start(complete, tail) :]
             more = await send(list(crilog.records(complete)))
@@ -235,8 +234,7 @@ class KubeletServer:
                 chunk = await asyncio.to_thread(fh.read)
                 if chunk:
                     data = rest + chunk
-                    complete = data[: data.rfind(b"\n") + 1]
-                    rest = data[len(complete) :]
+                    complete, rest = crilog.split_complete(data)
                     more = await send(list(crilog.records(complete)))
                 elif ended:
                     break
@@ -524,8 +522,7 @@ async def _attach_output(
                 chunk = await asyncio.to_thread(fh.read)
                 if chunk:
                     data = rest + chunk
-                    complete = data[: data.rfind(b"\n") + 1]
-                    rest = data[len(complete) :]
+                    complete, rest = crilog.split_complete(data)
                     for r in crilog.records(complete):
                         if r.stream == "stderr" and ch.stderr:
                             await ch.send(STDERR, r.plain())

@@ -4,12 +4,10 @@ connections its rules allow, ports and the cloud metadata address included."""
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import socket
 import subprocess
 import sys
-import threading
 import urllib.error
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 
 from gpulab.devcluster.agent import netpolicy, podnet
 from gpulab.spawner.kube.objects import CLOUD_METADATA_IP, singleuser_network_policy
-from tests.harness.kube import CONNECT_SCRIPT, Kube, pod_manifest
+from tests.harness.kube import CONNECT_SCRIPT, Kube, host_http_server, pod_manifest
 from tests.harness.wait import wait_for
 
 NETPOL_API = "/apis/networking.k8s.io/v1/namespaces"
@@ -80,19 +78,6 @@ def _until(kube: Kube, what: str, check: Any) -> None:
     wait_for(what, check, 30, 0.5)
 
 
-@contextlib.contextmanager
-def _host_server(ip: str) -> Iterator[int]:
-    """An HTTP server of this machine (a host process, like the hub) on ip; its port."""
-    server = http.server.HTTPServer((ip, 0), http.server.SimpleHTTPRequestHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_an_ingress_policy_admits_only_the_selected_pods_on_the_allowed_port(
     kube_ns: Kube,
 ) -> None:
@@ -135,9 +120,9 @@ def test_the_servers_policy_lets_only_the_hub_in_and_keeps_the_metadata_address_
     )
     try:
         with (
-            _host_server(host) as hub_port,
-            _host_server(CLOUD_METADATA_IP) as meta_port,
-            _host_server(host) as other_port,
+            host_http_server(host) as hub_port,
+            host_http_server(CLOUD_METADATA_IP) as meta_port,
+            host_http_server(host) as other_port,
         ):
             policy = singleuser_network_policy(
                 "gpulab-singleuser",
@@ -191,7 +176,7 @@ def test_a_killed_agents_table_leaves_another_clusters_pods_alone(kube_ns: Kube)
     script = netpolicy.compile_ruleset(table, dead_pods, [deny_egress], {"gone": {}})
     try:
         subprocess.run(["nft", "-f", "-"], input=script.encode(), check=True)
-        with _host_server(kube.cluster.host_address) as port:
+        with host_http_server(kube.cluster.host_address) as port:
             target = f"{kube.cluster.host_address}:{port}"
             assert _connect_from(kube, {"role": "client"}, target) == {target: "open"}
     finally:

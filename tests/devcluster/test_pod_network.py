@@ -6,21 +6,17 @@ controller puts pod IPs into Services' Endpoints. Deleted pods, and a killed age
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import http.server
 import ipaddress
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 from gpulab.devcluster import DevCluster, NodeSpec, procs
 from gpulab.devcluster.agent import clusterdns, netpolicy, podnet
-from tests.harness.kube import CONNECT_SCRIPT, Kube, pod_manifest
+from tests.harness.kube import CONNECT_SCRIPT, Kube, host_http_server, pod_manifest
 from tests.harness.wait import wait_for
 
 SERVICE_CIDR = ipaddress.ip_network("10.96.0.0/16")
@@ -51,18 +47,6 @@ def _run(kube: Kube, command: list[str]) -> str:
 def _connect_from_pod(kube: Kube, *targets: str) -> dict[str, str]:
     out = _run(kube, [sys.executable, "-c", CONNECT_SCRIPT, *targets])
     return dict(json.loads(out.strip().splitlines()[-1]))
-
-
-@contextlib.contextmanager
-def _host_server(ip: str) -> Iterator[int]:
-    server = http.server.HTTPServer((ip, 0), http.server.SimpleHTTPRequestHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _our_links_and_namespaces(octet: int) -> set[str]:
@@ -101,7 +85,7 @@ def test_pods_reach_each_other_and_the_host_and_the_host_reaches_them(kube: Kube
     target = f"{web['status']['podIP']}:8000"  # type: ignore[index]
     assert subprocess.run(["curl", "-sf", "-o", "/dev/null", f"http://{target}/"]).returncode == 0
     host = kube.cluster.host_address
-    with _host_server(host) as port, _host_server("127.0.0.1") as loopback_port:
+    with host_http_server(host) as port, host_http_server("127.0.0.1") as loopback_port:
         seen = _connect_from_pod(kube, target, f"{host}:{port}", f"127.0.0.1:{loopback_port}")
     # the host's loopback is not the pod's: a host service on 127.0.0.1 is out of its reach
     assert seen == {

@@ -9,8 +9,10 @@ The first session on a machine builds the Kubernetes binaries (~10 min on 2 core
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import sys
+import threading
 import urllib.error
 import uuid
 from collections.abc import Iterator
@@ -60,6 +62,19 @@ for target in sys.argv[1:]:
         out[target] = f"error {e}"
 print(json.dumps(out), flush=True)
 """
+
+
+@contextlib.contextmanager
+def host_http_server(ip: str) -> Iterator[int]:
+    """An HTTP server of this machine (a host process, like the hub) on ip; its port."""
+    server = http.server.HTTPServer((ip, 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def pod_manifest(
