@@ -65,8 +65,18 @@ def _log(msg: str) -> None:
 
 
 #: nftables: the node agent enforces NetworkPolicies with it; iproute2: it makes the pods'
-#: network namespaces and veths with `ip`; dnsmasq-base: the cluster's DNS
-RUNTIME_PACKAGES = ("etcd-server", "openssl", "nftables", "iproute2", "dnsmasq-base")
+#: network namespaces and veths with `ip`; dnsmasq-base: the cluster's DNS; iptables (Debian's:
+#: the nf_tables backend) and conntrack: kube-proxy's; procps: `sysctl` in the nodes' namespace
+RUNTIME_PACKAGES = (
+    "etcd-server",
+    "openssl",
+    "nftables",
+    "iproute2",
+    "dnsmasq-base",
+    "iptables",
+    "conntrack",
+    "procps",
+)
 
 
 def missing_system_packages(wanted: tuple[str, ...] = APT_PACKAGES) -> list[str]:
@@ -80,6 +90,9 @@ def missing_system_packages(wanted: tuple[str, ...] = APT_PACKAGES) -> list[str]
         "nftables": shutil.which("nft") or Path("/usr/sbin/nft").exists(),
         "iproute2": shutil.which("ip") or Path("/usr/sbin/ip").exists(),
         "dnsmasq-base": shutil.which("dnsmasq") or Path("/usr/sbin/dnsmasq").exists(),
+        "iptables": shutil.which("iptables") or Path("/usr/sbin/iptables").exists(),
+        "conntrack": shutil.which("conntrack") or Path("/usr/sbin/conntrack").exists(),
+        "procps": shutil.which("sysctl") or Path("/usr/sbin/sysctl").exists(),
     }
     return [pkg for pkg, ok in checks.items() if not ok and pkg in wanted]
 

@@ -1,4 +1,5 @@
-"""DevCluster: etcd + kube-apiserver + kube-scheduler + kube-controller-manager + node agent.
+"""DevCluster: etcd + kube-apiserver + kube-scheduler + kube-controller-manager + kube-proxy +
+node agent, on a network of the cluster's own (`agent.podnet`).
 
 Starting and stopping them; the state directory they live in (see `state`) and the calls that
 talk to them are `state.ClusterState`'s.
@@ -21,7 +22,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from . import build, procs
+from .agent import podnet
 from .pki import KubeletPKI
 from .spec import NodeSpec, default_nodes
 from .state import COMPONENTS, STATE_ENTRIES, ClusterState, DevClusterError, default_state_dir
@@ -85,6 +89,7 @@ class DevCluster(ClusterState):
         deadline = t0 + timeout
         state: dict[str, Any] = {
             "token": secrets.token_hex(24),
+            "kube_proxy_token": secrets.token_hex(24),
             "ports": {
                 k: procs.free_port()
                 for k in ("etcd", "etcd_peer", "apiserver", "scheduler", "controller_manager")
@@ -95,7 +100,9 @@ class DevCluster(ClusterState):
         }
         self._write_state(state)
         try:
+            self._make_network(state, len(nodes))
             self._start_control_plane(state, bins, etcd, deadline)
+            self._start_kube_proxy(state, bins, nodes, deadline)
             self._start_agent(state, nodes, deadline)
         except DevClusterError as e:
             self.log("start failed; stopping what was started")
@@ -146,7 +153,12 @@ class DevCluster(ClusterState):
             check=True,
             capture_output=True,
         )
-        (sec / "tokens.csv").write_text(f"{state['token']},admin,admin,system:masters\n")
+        # kube-proxy as in kubeadm's clusters: user system:kube-proxy, whom the bootstrap
+        # ClusterRoleBinding system:node-proxier lets watch Services and EndpointSlices only
+        (sec / "tokens.csv").write_text(
+            f"{state['token']},admin,admin,system:masters\n"
+            f"{state['kube_proxy_token']},system:kube-proxy,kube-proxy\n"
+        )
         kubelet_pki = self._kubelet_pki
         kubelet_pki.create()
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
@@ -173,8 +185,10 @@ class DevCluster(ClusterState):
             [
                 str(bins["kube-apiserver"]),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                # on this machine's address on the cluster's network: the `kubernetes`
+                # Service's endpoint (pods reach it through kube-proxy, as in-cluster clients do)
+                f"--bind-address={state['api_host']}",
+                f"--advertise-address={state['api_host']}",
                 f"--secure-port={ports['apiserver']}",
                 f"--cert-dir={certs}",
                 f"--token-auth-file={sec / 'tokens.csv'}",
@@ -182,8 +196,7 @@ class DevCluster(ClusterState):
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={sec / 'sa.pub'}",
                 f"--service-account-signing-key-file={sec / 'sa.key'}",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                "--endpoint-reconciler-type=none",
+                f"--service-cluster-ip-range={podnet.service_cidr(state['network_octet'])}",
                 "--allow-privileged=true",
                 f"--default-not-ready-toleration-seconds={t.toleration_seconds}",
                 f"--default-unreachable-toleration-seconds={t.toleration_seconds}",
@@ -278,6 +291,54 @@ class DevCluster(ClusterState):
 
         self._wait("VolumeSnapshotClass gpulab-local", deadline, class_created)
 
+    def _make_network(self, state: dict[str, Any], node_count: int) -> None:
+        """The cluster's network (`podnet`), before the API server, which listens there."""
+        try:
+            octet = podnet.NodeNetwork(self.state_dir / "agent", node_count).create()
+        except RuntimeError as e:
+            raise DevClusterError(f"the cluster's network: {e}") from e
+        state["network_octet"] = octet
+        state["api_host"] = podnet.host_address(octet)
+        self._write_state(state)
+
+    def _start_kube_proxy(
+        self, state: dict[str, Any], bins: dict[str, Path], nodes: list[NodeSpec], deadline: float
+    ) -> None:
+        """Debian's kube-proxy (iptables mode) in the nodes' network namespace: one for all the
+        simulated nodes, since they share that namespace (a real cluster runs one per node, in
+        each node's). Its health port is on the uplink's inner address, where `up` waits for
+        its first sync of the rules."""
+        octet = state["network_octet"]
+        kubeconfig = self.state_dir / "kube-proxy.kubeconfig"
+        self._write_kubeconfig(state, kubeconfig, token_key="kube_proxy_token")
+        state["ports"]["kube_proxy_health"] = procs.free_port()
+        health = f"{podnet.uplink_address(octet)}:{state['ports']['kube_proxy_health']}"
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "mode": "iptables",
+            "clusterCIDR": str(podnet.pod_network(octet)),
+            "hostnameOverride": nodes[0].name if nodes else "gpulab-dev",
+            "bindAddress": podnet.uplink_address(octet),
+            "healthzBindAddress": health,
+            "metricsBindAddress": "127.0.0.1:10249",
+            # NodePorts on the nodes' addresses (all in the pod network), not the uplink's
+            "nodePortAddresses": [str(podnet.pod_network(octet))],
+            # the conntrack table's size is the machine's (a module parameter): leave it
+            "conntrack": {"maxPerCore": 0},
+            "oomScoreAdj": 0,
+        }
+        config_file = self.state_dir / "kube-proxy.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        self._start(
+            state,
+            "kube-proxy",
+            ["ip", "netns", "exec", podnet.nodes_netns(octet), str(bins["kube-proxy"]),
+             f"--config={config_file}"],
+        )  # fmt: skip
+        self._wait("kube-proxy", deadline, lambda: self._http_ok(f"http://{health}/healthz"))
+
     def _start_agent(self, state: dict[str, Any], nodes: list[NodeSpec], deadline: float) -> None:
         agent_dir = self.state_dir / "agent"
         agent_dir.mkdir()
@@ -322,15 +383,12 @@ class DevCluster(ClusterState):
         address), and the source address of this machine's connections to pods (what a
         NetworkPolicy's ipBlock for such a hub names). Pods cannot reach 127.0.0.1 of the host:
         that is their own network namespace's."""
-        from .agent import podnet
-
         return podnet.host_address(podnet.cluster_octet(self.state_dir / "agent"))
 
     @property
     def pod_network(self) -> str:
-        """The cluster's pod network (CIDR): its pods and, at its first address, this machine."""
-        from .agent import podnet
-
+        """The cluster's pod network (CIDR): its pods and nodes and, at its first address, this
+        machine."""
         return str(podnet.pod_network(podnet.cluster_octet(self.state_dir / "agent")))
 
     def stop_node(self, name: str) -> None:
@@ -376,7 +434,7 @@ class DevCluster(ClusterState):
         strays = procs.stray_processes(marker, ("launcher.py", AGENT_MODULE, "kube-", "etcd"))
         if strays:
             stopped += procs.stop(strays, grace_seconds=2)
-        from .agent import clusterdns, netpolicy, podnet
+        from .agent import clusterdns
         from .agent.runtime import remove_recorded
 
         remove_recorded(self.state_dir / "agent" / "host-paths.json")
@@ -388,7 +446,6 @@ class DevCluster(ClusterState):
             stopped += procs.stop(stray_dns, grace_seconds=2)
         shutil.rmtree(dns_records, ignore_errors=True)
         podnet.remove_leftovers(octet)
-        netpolicy.remove_table(netpolicy.table_name(octet))
         if purge:
             self._clean_data(logs=False)
         elif self._state_file.exists():

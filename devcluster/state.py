@@ -1,10 +1,13 @@
 """A dev cluster's state directory and how to talk to the cluster that runs from it.
 
-Everything listens on 127.0.0.1 on free ports (but the nodes' kubelet APIs: each on its node's
-address, port 10250) and lives in one state directory::
+Everything listens on 127.0.0.1 on free ports but the API server (on this machine's address on
+the cluster's network, `podnet.host_address`, where kube-proxy sends the `kubernetes` Service's
+traffic), the nodes' kubelet APIs (each on its node's address, port 10250) and kube-proxy (in the
+nodes' network namespace); it lives in one state directory::
 
-    STATE/cluster.json   ports, token, PIDs (with start times), nodes, timing
-    STATE/kubeconfig     bearer token, https://127.0.0.1:PORT, insecure-skip-tls-verify
+    STATE/cluster.json   ports, token, PIDs (with start times), nodes, timing, network octet
+    STATE/kubeconfig     bearer token, https://API_HOST:PORT, insecure-skip-tls-verify
+    STATE/kube-proxy.kubeconfig   kube-proxy's (user system:kube-proxy)
     STATE/logs/*.log     one log per process
     STATE/etcd, certs, secrets, agent/   data (removed by down()); secrets/kubelet: the kubelet CA
 
@@ -31,8 +34,25 @@ import yaml
 from . import procs
 
 # stop order: node agent first (its pods go with it), etcd last
-COMPONENTS = ("agent", "kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd")
-STATE_ENTRIES = ("etcd", "certs", "secrets", "agent", "kubeconfig", "cluster.json", "nodes.json")
+COMPONENTS = (
+    "agent",
+    "kube-proxy",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kube-apiserver",
+    "etcd",
+)
+STATE_ENTRIES = (
+    "etcd",
+    "certs",
+    "secrets",
+    "agent",
+    "kubeconfig",
+    "kube-proxy.kubeconfig",
+    "kube-proxy.yaml",
+    "cluster.json",
+    "nodes.json",
+)
 
 
 class DevClusterError(RuntimeError):
@@ -119,7 +139,7 @@ class ClusterState:
 
     @property
     def api_url(self) -> str:
-        return f"https://127.0.0.1:{self._read_state()['ports']['apiserver']}"
+        return _api_url(self._read_state())
 
     @property
     def token(self) -> str:
@@ -149,7 +169,7 @@ class ClusterState:
             "up": self.is_up(),
             "state_dir": str(self.state_dir),
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.exists() else None,
-            "api": f"https://127.0.0.1:{state['ports']['apiserver']}" if state else None,
+            "api": _api_url(state) if state else None,
             "processes": {n: {"pid": p.pid, "running": p.alive()} for n, p in found.items()},
             "timing": state.get("timing"),
             "nodes": {},
@@ -202,7 +222,7 @@ class ClusterState:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         req = urllib.request.Request(
-            f"https://127.0.0.1:{state['ports']['apiserver']}{path}",
+            f"{_api_url(state)}{path}",
             method=method,
             data=None if body is None else json.dumps(body).encode(),
             headers={
@@ -243,26 +263,27 @@ class ClusterState:
         }
         return names <= ready
 
-    def _write_kubeconfig(self, state: dict[str, Any]) -> None:
+    def _write_kubeconfig(
+        self, state: dict[str, Any], path: Path | None = None, *, token_key: str = "token"
+    ) -> None:
+        """The admin's kubeconfig (or, with token_key, another identity's at `path`)."""
+        path = self.kubeconfig if path is None else path
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
                 {
                     "name": "gpulab-dev",
-                    "cluster": {
-                        "server": f"https://127.0.0.1:{state['ports']['apiserver']}",
-                        "insecure-skip-tls-verify": True,
-                    },
+                    "cluster": {"server": _api_url(state), "insecure-skip-tls-verify": True},
                 }
             ],
-            "users": [{"name": "gpulab-admin", "user": {"token": state["token"]}}],
+            "users": [{"name": "gpulab-admin", "user": {"token": state[token_key]}}],
             "contexts": [
                 {"name": "gpulab-dev", "context": {"cluster": "gpulab-dev", "user": "gpulab-admin"}}
             ],
             "current-context": "gpulab-dev",
         }
-        fd = os.open(self.kubeconfig, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             yaml.safe_dump(config, fh, sort_keys=False)
 
@@ -278,3 +299,8 @@ class ClusterState:
             raise DevClusterError(
                 f"the node agent does not answer ({e}); is the cluster up?"
             ) from e
+
+
+def _api_url(state: dict[str, Any]) -> str:
+    # clusters started before the API server moved onto the cluster's network used 127.0.0.1
+    return f"https://{state.get('api_host', '127.0.0.1')}:{state['ports']['apiserver']}"

@@ -184,6 +184,45 @@ def _git(*args: str, cwd: Path) -> None:
     )  # fmt: skip
 
 
+# what the suite's ssl_app fixture does, synchronously, as a session fixture
+SSL_APP = """
+import sys
+from traitlets.config import Config
+from jupyterhub.app import JupyterHub
+if sys.argv[1] == "shim":
+    import jupyterhub6_ssl_fixture  # noqa: F401
+config = Config()
+config.JupyterHub.internal_ssl = True
+config.JupyterHub.internal_certs_location = "internal-ssl"
+app = JupyterHub(config=config)
+try:
+    app.init_internal_ssl()
+except RuntimeError as e:
+    print("error:", e)
+else:
+    print("ok", sorted(app.internal_trust_bundles))
+"""
+
+
+def test_the_ssl_fixture_shim_lets_the_upstream_fixture_make_its_certificates(tmp_path):
+    """Without the shim the suite's synchronous ssl_app fixture fails as in the baseline; with it
+    the certificates are made (the opt-in --shim-ssl-fixture run)."""
+    env = {**os.environ, "PYTHONPATH": str(suite.PLUGIN_DIR)}
+    seen = {}
+    for mode in ("plain", "shim"):
+        work = tmp_path / mode
+        work.mkdir()
+        (work / "internal-ssl").mkdir()
+        done = subprocess.run(
+            [sys.executable, "-c", SSL_APP, mode],
+            cwd=work, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        seen[mode] = done.stdout.strip().splitlines()[-1]
+    assert seen["plain"] == "error: no running event loop"
+    assert seen["shim"].startswith("ok ") and "hub-ca" in seen["shim"]
+
+
 def test_the_suite_comes_from_the_release_tag_and_a_wrong_tag_is_refused(tmp_path):
     repo = tmp_path / "kubespawner"
     (repo / "kubespawner").mkdir(parents=True)

@@ -19,13 +19,13 @@ import signal
 import ssl
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..pki import KubeletPKI
 from ..spec import NodeSpec
-from . import clusterdns, netpolicy, podnet
+from . import clusterdns, netpolicy, podnet, serviceenv
 from .devices import Devices
 from .kube import Events, api_client, log, watch_forever
 from .kubeletapi import KUBELET_PORT, KubeletServer, server_context
@@ -66,6 +66,7 @@ class SimulatedNode:
             netpol=agent.netpol,
             network=agent.network,
             dns_server=agent.dns_address,
+            services=agent.services,
         )
         self.pods = PodManager(self.ctx)
         self.kubelet = KubeletServer(spec.name, self.pods)
@@ -91,7 +92,8 @@ class SimulatedNode:
         if self.kubelet_tls is None:
             return
         try:
-            await self.kubelet.start(self.ip, KUBELET_PORT, self.kubelet_tls)
+            sock = await asyncio.to_thread(self.agent.network.listen, self.ip, KUBELET_PORT)
+            await self.kubelet.start(sock, self.kubelet_tls)
         except OSError as e:
             log.error(
                 "node %s: no kubelet API on %s:%d: %s", self.spec.name, self.ip, KUBELET_PORT, e
@@ -127,8 +129,10 @@ class Agent:
             nodes,
             heartbeat,
         )
-        self.network = podnet.PodNetwork(state_dir, len(nodes))
-        self.octet = self.network.octet  # until run() has claimed the pod network's
+        # the cluster's network: DevCluster.up made it (the uplink's alias names this folder)
+        self.octet = podnet.cluster_octet(state_dir)
+        self.network = podnet.PodNetwork(self.octet)
+        self.services = serviceenv.ServiceLister()
         self.host_paths = HostPaths(state_dir / "host-paths.json")
         self.nodes: dict[str, SimulatedNode] = {}
         self.base_env: dict[str, str] = {}
@@ -142,17 +146,13 @@ class Agent:
         self.dns_watch: asyncio.Future[Any]
 
     def _base_env(self) -> dict[str, str]:
-        url = urlparse(self.api.configuration.host)
-        host, port = url.hostname or "127.0.0.1", str(url.port or 443)
-        env = {
+        """What every container gets beside the pod's own and the Services' variables
+        (KUBERNETES_SERVICE_HOST among them, `serviceenv`): the agent's PATH (pods run this
+        machine's commands) and locale."""
+        return {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "KUBERNETES_SERVICE_HOST": host,
-            "KUBERNETES_SERVICE_PORT": port,
-            "KUBERNETES_SERVICE_PORT_HTTPS": port,
-            "KUBERNETES_PORT": f"tcp://{host}:{port}",
         }
-        return env
 
     async def run(self) -> None:
         # one pod watch per node and four for the provisioner and snapshotter stay open; heartbeats need a few more
@@ -166,7 +166,8 @@ class Agent:
             d = self.state_dir / private
             d.mkdir(exist_ok=True)
             d.chmod(0o700)
-        self.octet = await self.network.start()
+        await asyncio.to_thread(self.network.check)
+        services = asyncio.ensure_future(self.services.run(client.CoreV1Api(self.api)))
         await self._start_cluster_dns()
         policies = await self._start_network_policies()
         for i, spec in enumerate(self.specs):
@@ -193,6 +194,7 @@ class Agent:
         log.info("node agent stopping: killing all pod processes (the API sees a node failure)")
         server.close()
         provisioner.cancel()
+        services.cancel()
         await asyncio.gather(*(n.stop() for n in self.nodes.values()), return_exceptions=True)
         with contextlib.suppress(BaseException):
             await provisioner
@@ -207,13 +209,14 @@ class Agent:
             with contextlib.suppress(BaseException):
                 await self.dns_watch
             await self.dns.stop()
-        await self.network.stop()
         await self.api.close()
 
     async def _start_cluster_dns(self) -> None:
-        """dnsmasq on the host's pod-network address, port 53, answering the cluster's names;
-        pods with dnsPolicy ClusterFirst get it in their /etc/resolv.conf. Without dnsmasq (or
-        with port 53 taken there) pods keep the host's resolv.conf, and the log says why."""
+        """dnsmasq on this machine's address on the cluster's network, port 53, answering the
+        cluster's names, behind the Service kube-system/kube-dns (its ClusterIP is what pods
+        with dnsPolicy ClusterFirst get in their /etc/resolv.conf, as a kubelet's
+        --cluster-dns). Without dnsmasq (or with port 53 taken there) pods keep the host's
+        resolv.conf, and the log says why."""
         address = podnet.host_address(self.octet)
         logs = self.state_dir.parent / "logs"
         server = clusterdns.ClusterDNS(clusterdns.records_dir(self.octet), address)
@@ -226,8 +229,51 @@ class Agent:
             await server.stop()
             return
         self.dns = server
-        self.dns_address = address
-        self.dns_watch = asyncio.ensure_future(server.watch(client.CoreV1Api(self.api)))
+        core = client.CoreV1Api(self.api)
+        self.dns_address = await self._publish_dns_service(core, address)
+        self.dns_watch = asyncio.ensure_future(server.watch(core))
+
+    async def _publish_dns_service(self, core: client.CoreV1Api, server: str) -> str:
+        """The kube-dns Service (no selector: its Endpoints name the dnsmasq on this machine,
+        whom the endpoint controller leaves alone and the mirroring controller copies into an
+        EndpointSlice for kube-proxy); returns its ClusterIP."""
+        ip, ns = podnet.dns_service_ip(self.octet), "kube-system"
+        ports = [("dns", "UDP"), ("dns-tcp", "TCP")]
+        service = {
+            "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns"}},
+            "spec": {
+                "clusterIP": ip,
+                "ports": [
+                    {"name": n, "protocol": proto, "port": 53, "targetPort": 53}
+                    for n, proto in ports
+                ],
+            },
+        }
+        endpoints = {
+            "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns"}},
+            "subsets": [
+                {
+                    "addresses": [{"ip": server}],
+                    "ports": [{"name": n, "protocol": proto, "port": 53} for n, proto in ports],
+                }
+            ],
+        }
+        for create, replace, body in (
+            (core.create_namespaced_service, None, service),
+            (
+                core.create_namespaced_endpoints,
+                core.replace_namespaced_endpoints,
+                endpoints,
+            ),
+        ):
+            try:
+                await create(ns, body)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                if replace is not None:
+                    await replace("kube-dns", ns, body)
+        return ip
 
     async def _kubelet_certificates(self) -> None:
         """Each node's serving certificate for the IP its Node object reports, signed by the
@@ -252,11 +298,7 @@ class Agent:
         if self.netpol_off:
             log.warning("NetworkPolicies are NOT enforced on this machine: %s", self.netpol_off)
             return None
-        self.netpol = netpolicy.Enforcer(
-            netpolicy.table_name(self.octet),
-            pod_network=str(podnet.pod_network(self.octet)),
-            pod_links=podnet.link_pattern(self.octet),
-        )
+        self.netpol = netpolicy.Enforcer(netns=self.network.netns)
         await self.netpol.apply()  # an empty table: refuses early when nft cannot load one
         networking, core = client.NetworkingV1Api(self.api), client.CoreV1Api(self.api)
         return asyncio.gather(

@@ -110,7 +110,20 @@ class ContainerRunner(PodState):
         # the pod folders are the agent's alone (0700): a process of another uid finds its
         # HOME where a runtime would put it, and reaches its volumes only at their mount paths
         as_agent = ident.uid == os.getuid()
+        services = self.node.services
         base = {
+            # underneath everything of the pod's own, as the kubelet's Service variables
+            **(
+                services.environment(
+                    self.pod["metadata"]["namespace"],
+                    enable_service_links=(self.pod.get("spec") or {}).get(
+                        "enableServiceLinks", True
+                    )
+                    is not False,
+                )
+                if services is not None
+                else {}
+            ),
             **self.node.base_env,
             "HOME": podsecurity.default_home(ident.uid, str(self.dir / "home")),
             "HOSTNAME": clusterdns.pod_hostname(self.pod),

@@ -29,6 +29,7 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import ssl
 import struct
 import termios
@@ -121,13 +122,14 @@ def _status_error(status: int, message: str) -> web.Response:
 
 
 class KubeletServer:
-    """One node's kubelet API; start() binds ip:port with the node's serving certificate."""
+    """One node's kubelet API; start() serves it on a listening socket (the node's address in
+    the nodes' network namespace) with the node's serving certificate."""
 
     def __init__(self, node_name: str, pods: PodManager) -> None:
         self.node_name, self.pods = node_name, pods
         self.runner: web.AppRunner | None = None
 
-    async def start(self, ip: str, port: int, tls: ssl.SSLContext) -> None:
+    async def start(self, sock: socket.socket, tls: ssl.SSLContext) -> None:
         app = web.Application(middlewares=[_only_the_api_server])
         app.router.add_get("/containerLogs/{ns}/{pod}/{container}", self.container_logs)
         for verb in ("exec", "attach"):
@@ -143,7 +145,8 @@ class KubeletServer:
             app, access_log=None, handle_signals=False, shutdown_timeout=1.0
         )
         await self.runner.setup()
-        await web.TCPSite(self.runner, ip, port, ssl_context=tls).start()
+        await web.SockSite(self.runner, sock, ssl_context=tls).start()
+        ip, port = sock.getsockname()[:2]
         log.info("node %s: kubelet API on https://%s:%d", self.node_name, ip, port)
 
     async def _ok(self) -> web.Response:

@@ -1,25 +1,28 @@
-"""NetworkPolicy enforcement for the agent's pods: one nftables table, rebuilt from the policies.
+"""NetworkPolicy enforcement for the cluster's pods: one nftables table, rebuilt from the policies.
 
-Each pod has a network namespace of its own, routed to the host (`podnet`): every packet between
-two pods, or between a pod and a host process, passes the host's IP stack, so a pod is known by
-its address, as with Calico or kube-router:
+Each pod has a network namespace of its own, routed through the nodes' network namespace
+(`podnet`): every packet between two pods, between a pod and this machine (the hub, the API
+server) or the outside, passes the nodes' namespace's IP stack, where this table lives, so a pod
+is known by its address, as with Calico or kube-router:
 
-- `forward` (pod to pod, pod to outside): a connection to one of the agent's pods goes to the
-  receiver's chain, which admits a sender pod only where the sender's egress rules *and* the
-  receiver's ingress rules allow it, ports included; a connection from a pod to an address that
-  is no pod of this agent must pass the sender's egress rules (ipBlock peers);
-- `input` (pod to a host process: the hub, the API server): the sender's egress rules;
-- `output` (a host process to a pod: the hub, the proxy, the agent's probes): the receiver's
-  ingress rules, the host's address (the packet's source) matched against ipBlock peers.
+- `forward` (pod to pod, pod to this machine or outside, this machine to a pod): a connection to
+  one of the cluster's pods goes to the receiver's chain, which admits a sender pod only where
+  the sender's egress rules *and* the receiver's ingress rules allow it, ports included, and an
+  address that is no pod (this machine's: a hub, the proxy, the agent's probes) where an ipBlock
+  of the receiver's ingress rules holds it; a connection from a pod to an address that is no pod
+  must pass the sender's egress rules (ipBlock peers). Service traffic is filtered after
+  kube-proxy's DNAT (this hook runs after prerouting), so by the pod it reaches, as in a real
+  cluster;
+- `input` (pod to the nodes' own addresses: the kubelet API, NodePorts' holders): the sender's
+  egress rules;
+- `output` (the nodes' namespace's processes to a pod): the receiver's ingress rules.
 
 Traffic within one pod never leaves its namespace (its "localhost"). A pod cannot send with
-another address than its own (strict reverse-path filtering on its veth, `podnet`). Refused
-connections get a TCP reset (ICMP admin-prohibited for other protocols) rather than a silent
-drop, so clients fail at once. Established and related traffic always passes. What is enforced:
-podSelector, namespaceSelector (matchLabels, matchExpressions), ipBlock with except, ports by
-number or by the receiving container's port name, protocols TCP/UDP/SCTP, policyTypes. Not:
-endPort. The table also masquerades pods' connections to the outside (the machine's address),
-which no other host would route back to a pod.
+another address than its own (strict reverse-path filtering, `podnet`). Refused connections get
+a TCP reset (ICMP admin-prohibited for other protocols) rather than a silent drop, so clients fail
+at once. Established and related traffic always passes. What is enforced: podSelector,
+namespaceSelector (matchLabels, matchExpressions), ipBlock with except, ports by number or by the
+receiving container's port name, protocols TCP/UDP/SCTP, policyTypes. Not: endPort.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import Any
 
 from .kube import log
 
+#: the table's name in the nodes' network namespace (one cluster per namespace)
+TABLE = "gpulab_netpol"
 #: a set of (protocol, port) pairs, or None for every port
 Ports = frozenset[tuple[str, int]] | None
 ALL: Ports = None
@@ -226,14 +231,8 @@ def compile_ruleset(
     pods: list[PodNet],
     policies: list[Mapping[str, Any]],
     namespaces: Mapping[str, Mapping[str, str]],
-    *,
-    pod_network: str | None = None,
-    pod_links: str | None = None,
 ) -> str:
-    """The nft script that replaces table `inet <table>` (atomically: nft -f is one transaction).
-
-    pod_network (a CIDR) and pod_links (an interface name pattern, e.g. "gdc70-*"): pods'
-    connections from pod_network leaving through another interface are masqueraded."""
+    """The nft script that replaces table `inet <table>` (atomically: nft -f is one transaction)."""
     refuse = ["meta l4proto tcp reject with tcp reset", "reject"]
     established = "ct state established,related accept"
     forward, inp, out = [established], [established], [established]
@@ -251,7 +250,9 @@ def compile_ruleset(
             inp.append(f"ip saddr {pod.ip} jump {name}")
     for receiver in pods:
         name = f"to_{_chain_id(receiver)}"
-        lines = []
+        # a pod reaching itself through a Service (kube-proxy's hairpin: the packet leaves the
+        # pod and comes back DNATed to it) stays within the pod, as its localhost does
+        lines = [f"ip saddr {receiver.ip} accept"]
         for sender in pods:
             if sender is receiver:
                 continue
@@ -287,18 +288,14 @@ def compile_ruleset(
         if f"egress_{_chain_id(pod)}" in chains:
             forward.append(f"ip saddr {pod.ip} jump egress_{_chain_id(pod)}")
 
-    def chain(name: str, body: list[str], hook: str | None = None, kind: str = "filter") -> str:
-        prio = "srcnat" if kind == "nat" else "0"
-        head = f"    type {kind} hook {hook} priority {prio}; policy accept;\n" if hook else ""
+    def chain(name: str, body: list[str], hook: str | None = None) -> str:
+        head = f"    type filter hook {hook} priority 0; policy accept;\n" if hook else ""
         return f"  chain {name} {{\n{head}" + "".join(f"    {line}\n" for line in body) + "  }\n"
 
     text = f"table inet {table} {{\n}}\ndelete table inet {table}\ntable inet {table} {{\n"
     text += chain("refuse", refuse)
     text += chain("forward", forward, "forward") + chain("input", inp, "input")
     text += chain("output", out, "output")
-    if pod_network and pod_links:
-        masquerade = [f'ip saddr {pod_network} oifname != "{pod_links}" masquerade']
-        text += chain("postrouting", masquerade, "postrouting", "nat")
     text += "".join(chain(n, b) for n, b in chains.items())
     return text + "}\n"
 
@@ -314,11 +311,9 @@ def _resolve(port: Mapping[str, Any], pod: PodNet) -> dict[str, Any]:
 class Enforcer:
     """The agent's view of pods and policies, and the nft table made from it."""
 
-    def __init__(
-        self, table: str, *, pod_network: str | None = None, pod_links: str | None = None
-    ) -> None:
-        self.table = table
-        self.pod_network, self.pod_links = pod_network, pod_links
+    def __init__(self, table: str = TABLE, *, netns: str | None = None) -> None:
+        """netns: the network namespace the table lives in (None: this process's)."""
+        self.table, self.netns = table, netns
         self.pods: dict[str, PodNet] = {}
         self.policies: dict[str, dict[str, Any]] = {}
         self.namespaces: dict[str, dict[str, str]] = {}
@@ -332,10 +327,9 @@ class Enforcer:
                 sorted(self.pods.values(), key=lambda p: ipaddress.ip_address(p.ip)),
                 list(self.policies.values()),
                 self.namespaces,
-                pod_network=self.pod_network,
-                pod_links=self.pod_links,
             )
             proc = await asyncio.create_subprocess_exec(
+                *(("ip", "netns", "exec", self.netns) if self.netns else ()),
                 "nft",
                 "-f",
                 "-",
@@ -348,8 +342,8 @@ class Enforcer:
                 raise RuntimeError(f"nft refused the NetworkPolicy table: {output.decode()[:2000]}")
 
     async def remove(self) -> None:
-        """The table (also what `down` does after a killed agent: `remove_table`)."""
-        await asyncio.to_thread(remove_table, self.table)
+        """The table (after a killed agent, the nodes' namespace goes with it at `down`)."""
+        await asyncio.to_thread(remove_table, self.table, self.netns)
 
     # -- pods joining and leaving -------------------------------------------------------------
 
@@ -407,15 +401,11 @@ class Enforcer:
             log.error("%s", e)
 
 
-def table_name(octet: int) -> str:
-    """The nft table of agent `octet` (`podnet.address_octet`): `down` removes a killed agent's."""
-    return f"gpulab_podnet_{octet}"
-
-
-def remove_table(table: str) -> None:
+def remove_table(table: str, netns: str | None = None) -> None:
     """Delete nft table `inet <table>` if it exists (blocking)."""
     if shutil.which("nft") is not None:
-        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+        prefix = ["ip", "netns", "exec", netns] if netns else []
+        subprocess.run([*prefix, "nft", "delete", "table", "inet", table], capture_output=True)
 
 
 def unavailable_reason() -> str | None:

@@ -22,6 +22,7 @@ from .kube import MERGE, Events, log, now, raw, status_of
 from .netpolicy import Enforcer
 from .podnet import PodNetwork
 from .runtime import ContainerProcess, HostPaths
+from .serviceenv import ServiceLister
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -68,6 +69,8 @@ class NodeContext:
     network: PodNetwork | None = None
     #: the cluster DNS server's address (None: none runs; pods keep the host's resolv.conf)
     dns_server: str | None = None
+    #: the Services whose variables containers get (None: unit tests without one)
+    services: ServiceLister | None = None
 
 
 @dataclass

@@ -12,14 +12,19 @@ have none), as the kubelet's ``getServiceEnvVarMap`` does:
 false`` keeps only the ``kubernetes`` Service of the ``default`` namespace (the API server), which
 every pod gets. A pod's own ``env`` wins over these (the caller puts them underneath).
 
-Not wired into the agent yet: its pods still get ``KUBERNETES_SERVICE_HOST/PORT`` naming the API
-server's own address, since ClusterIPs route nowhere until kube-proxy runs on a pod network.
+The agent computes them when a container starts, from the Services a watch has seen by then
+(`ServiceLister`), as the kubelet does from its informer: a Service created a moment before a pod
+may be missing from the pod's environment there too. ClusterIPs route through the cluster's
+kube-proxy (`podnet`), so ``KUBERNETES_SERVICE_HOST`` names the ``kubernetes`` Service's
+ClusterIP, which kube-proxy forwards to the API server.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from .kube import watch_forever
 
 MASTER_NAMESPACE = "default"
 MASTER_SERVICE = "kubernetes"
@@ -72,3 +77,36 @@ def service_environment(
     for service in chosen.values():
         env.update(_service_vars(service))
     return env
+
+
+class ServiceLister:
+    """Every Service of the cluster, kept current by a watch (`run`)."""
+
+    def __init__(self) -> None:
+        self._services: dict[tuple[str, str], Mapping[str, Any]] = {}
+
+    def services(self) -> list[Mapping[str, Any]]:
+        return list(self._services.values())
+
+    def environment(self, namespace: str, *, enable_service_links: bool = True) -> dict[str, str]:
+        return service_environment(
+            self.services(), namespace, enable_service_links=enable_service_links
+        )
+
+    async def run(self, core: Any) -> None:
+        async def handle(event: str, service: dict[str, Any]) -> None:
+            key = (service["metadata"]["namespace"], service["metadata"]["name"])
+            if event == "DELETED":
+                self._services.pop(key, None)
+            else:
+                self._services[key] = service
+
+        async def forget(_items: list[dict[str, Any]]) -> None:
+            self._services.clear()  # a relist replaces what was known
+
+        await watch_forever(
+            "services (environment)",
+            core.list_service_for_all_namespaces,
+            handle,
+            resync=forget,
+        )

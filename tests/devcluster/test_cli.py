@@ -56,6 +56,7 @@ def test_cli_up_status_down_leaves_no_process_behind(tmp_path: Path, dev_cluster
             "kube-apiserver",
             "kube-scheduler",
             "kube-controller-manager",
+            "kube-proxy",
             "agent",
         }
         assert info["nodes"]["cli-gpu-0"]["running"] is True

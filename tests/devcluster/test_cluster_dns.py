@@ -14,6 +14,7 @@ import dns.asyncresolver
 import dns.resolver
 import pytest
 
+from gpulab.devcluster.agent import podnet
 from gpulab.devcluster.agent.clusterdns import (
     ClusterDNS,
     etc_hosts,
@@ -238,7 +239,9 @@ def test_a_pod_resolves_services_and_pods_by_their_cluster_names(kube: Kube) -> 
             return out if all(out[n] == v for n, v in expected.items()) else None
 
         out = wait_for("the pod to resolve the cluster's names", resolved, 60, 1)
-        assert out["resolv.conf"].startswith("nameserver 10.")
+        # the kube-dns Service's ClusterIP (a kubelet's --cluster-dns), kube-proxy's to route
+        octet = podnet.cluster_octet(kube.cluster.state_dir / "agent")
+        assert out["resolv.conf"].startswith(f"nameserver {podnet.dns_service_ip(octet)}\n")
         assert (
             f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in out["resolv.conf"]
         )

@@ -1,11 +1,10 @@
 """Each pod has a network namespace of its own, with an address from its node's podCIDR, routed
-to the host (pods reach each other and the host, the host reaches them), and the real endpoint
-controller puts pod IPs into Services' Endpoints. Deleted pods, and a killed agent's pods after
-`down`, leave no namespace or veth behind."""
+through the nodes' network namespace (pods reach each other and the host, the host reaches
+them), and the real endpoint controller puts pod IPs into Services' Endpoints. Deleted pods, and
+a killed agent's pods after `down`, leave no namespace or veth behind."""
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import os
@@ -15,12 +14,9 @@ import sys
 from pathlib import Path
 
 from gpulab.devcluster import DevCluster, NodeSpec, procs
-from gpulab.devcluster.agent import clusterdns, netpolicy, podnet
+from gpulab.devcluster.agent import clusterdns, podnet
 from tests.harness.kube import CONNECT_SCRIPT, Kube, host_http_server, pod_manifest
 from tests.harness.wait import wait_for
-
-SERVICE_CIDR = ipaddress.ip_network("10.96.0.0/16")
-
 
 # 0.0.0.0: the pod's own namespace (the agent no longer rewrites it to a pod address)
 WEB = [sys.executable, "-m", "http.server", "8000", "--bind", "0.0.0.0"]
@@ -50,8 +46,14 @@ def _connect_from_pod(kube: Kube, *targets: str) -> dict[str, str]:
 
 
 def _our_links_and_namespaces(octet: int) -> set[str]:
+    """Cluster X's links here and in its nodes' namespace, and its network namespaces."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    names = {line.split(":", 2)[1].strip().split("@")[0] for line in links.splitlines()}
+    inside = subprocess.run(
+        ["ip", "-n", podnet.nodes_netns(octet), "-o", "link", "show"],
+        capture_output=True,
+        text=True,
+    ).stdout  # "" once the namespace is gone
+    names = {line.split(":", 2)[1].strip().split("@")[0] for line in (links + inside).splitlines()}
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     names |= {f"netns {line.split()[0]}" for line in netns.splitlines() if line.split()}
     return {n for n in names if n.removeprefix("netns ").startswith(f"gdc{octet}-")}
@@ -73,7 +75,8 @@ def test_a_pod_has_its_own_network_namespace_and_an_address_of_its_nodes_pod_cid
     cidr = ipaddress.ip_network(node["spec"]["podCIDR"])
     assert node["spec"]["podCIDRs"] == [str(cidr)]
     assert ipaddress.ip_address(ip) in cidr
-    assert not cidr.overlaps(SERVICE_CIDR)
+    octet = podnet.cluster_octet(kube.cluster.state_dir / "agent")
+    assert not cidr.overlaps(podnet.service_cidr(octet))
     (internal,) = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
     assert pod["status"]["hostIP"] == internal
     assert not ipaddress.ip_address(internal).is_loopback
@@ -158,26 +161,32 @@ def test_down_removes_the_network_a_killed_agent_left(make_dev_cluster) -> None:
     assert not procs.stray_processes(dns, ("dnsmasq",))
     assert not clusterdns.records_dir(octet).exists()
     nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-    assert netpolicy.table_name(octet) not in nft
+    assert podnet.host_table_name(octet) not in nft
+    assert not (podnet.NETNS_DIR / podnet.nodes_netns(octet)).exists()
 
 
-def test_a_cluster_never_takes_the_pod_network_of_another(tmp_path: Path) -> None:
+def test_a_cluster_never_takes_the_network_of_another(tmp_path: Path) -> None:
     """Two state dirs may ask for the same X: the second takes the next free one and leaves the
-    other cluster's bridge (and so its pods' network) alone."""
+    other cluster's uplink (and so its pods' network) alone."""
     state = tmp_path / "agent"
     first = podnet.address_octet(state)
-    foreign = podnet.bridge_name(first)
-    subprocess.run(["ip", "link", "add", foreign, "type", "bridge"], check=True)
+    foreign = podnet.uplink_name(first)
+    subprocess.run(["ip", "link", "add", foreign, "type", "dummy"], check=False)
+    if not (podnet.SYS_NET / foreign).exists():  # no dummy module: a bridge holds a name too
+        subprocess.run(["ip", "link", "add", foreign, "type", "bridge"], check=True)
     try:
         subprocess.run(["ip", "link", "set", foreign, "alias", "/another/cluster"], check=True)
-        network = podnet.PodNetwork(state, node_count=1)
-        octet = asyncio.run(network.start())
+        network = podnet.NodeNetwork(state, node_count=1)
+        octet = network.create()
         try:
             assert octet != first
             assert podnet.cluster_octet(state) == octet
             assert (podnet.SYS_NET / foreign).exists()
+            assert (podnet.NETNS_DIR / podnet.nodes_netns(octet)).exists()
+            assert not (podnet.NETNS_DIR / podnet.nodes_netns(first)).exists()
         finally:
-            asyncio.run(network.stop())
-        assert not (podnet.SYS_NET / podnet.bridge_name(octet)).exists()
+            network.remove()
+        assert not (podnet.SYS_NET / podnet.uplink_name(octet)).exists()
+        assert not (podnet.NETNS_DIR / podnet.nodes_netns(octet)).exists()
     finally:
         subprocess.run(["ip", "link", "del", foreign], check=False)
