@@ -26,6 +26,8 @@ OUT = Path(__file__).resolve().parent / "configuration.md"
 TARGETS: list[tuple[str, str]] = [
     ("gpulab.hub.config:GPULab", "the deployment's options, applied by `apply(c)`"),
     ("gpulab.hub.capacity:GPUCapacity", "profiles, quotas, inventory and placement"),
+    ("gpulab.hub.jobservice.hub:GPUJobs", "GPU jobs: the job store and the job queue"),
+    ("gpulab.hub.daskservice.hub:GPUDask", "Dask clusters: the cluster store and admission"),
     ("gpulab.hub.auth:GPULabAuthenticator", "the embedded hub's authenticator"),
     ("gpulab.spawner.local:GPULocalSpawner", "entry point `gpulab-local`"),
     ("gpulab.spawner.local:GPUSimpleLocalSpawner", "entry point `gpulab-simple`"),

@@ -28,6 +28,7 @@ from gpulab.hub.allocator import (
     DEFAULT_POLICY,
     Allocator,
     Inventory,
+    NoCapacity,
     Node,
     Placement,
     Quota,
@@ -96,6 +97,9 @@ def _gpus_to_milli(value: Any, field_name: str) -> int:
 #: advice that names this catalog's profiles in its place
 ALLOCATOR_QUOTA_HINT = " Release a server or ask for a preemptible (spot) server."
 
+#: (placement, reason) -> returns once nothing of that allocation runs
+Evict = Callable[[Placement, str], Awaitable[None]]
+
 
 def profile_milli(profile: Profile) -> int:
     """Milli-GPU a profile counts against a quota (a fraction of one GPU, or whole GPUs)."""
@@ -104,6 +108,11 @@ def profile_milli(profile: Profile) -> int:
 
 def _slugs(profiles: list[Profile]) -> str:
     return ", ".join(repr(p.slug) for p in profiles[:4]) + (", ..." if len(profiles) > 4 else "")
+
+
+class ProfileUnavailable(ValueError):
+    """A profile a user may not choose for a workload, or that never fits (the message says
+    which, for her)."""
 
 
 class GPUCapacity(SingletonConfigurable):
@@ -239,6 +248,8 @@ class GPUCapacity(SingletonConfigurable):
         self._events: dict[str, list[dict[str, Any]]] = {}
         self._fits_idle: dict[str, bool] = {}
         self._notices: dict[str, list[str]] = {}
+        self._other_owners: list[Callable[[], set[str]]] = []
+        self._evictors: list[tuple[Callable[[str], bool], Evict]] = []
         self.quota = self._quota()
         if self.inventory_source == "kubernetes":
             # the cluster's Nodes and pods are the inventory and the allocations; the Kubernetes
@@ -380,6 +391,21 @@ class GPUCapacity(SingletonConfigurable):
     def visible_profiles(self, groups: frozenset[str], is_admin: bool) -> list[Profile]:
         return [p for p in self.catalog if p.visible_to(groups, is_admin)]
 
+    def workload_profile(self, slug: str, groups: frozenset[str], is_admin: bool) -> Profile:
+        """The profile `slug` for a workload (a job run, a Dask cluster's workers) of a user in
+        `groups`; ProfileUnavailable, with the sentence for her, when it is not one of hers or
+        is larger than any machine here (it would wait forever)."""
+        profile = self.profile(slug)
+        visible = self.visible_profiles(groups, is_admin)
+        if profile is None or profile not in visible:
+            names = ", ".join(p.slug for p in visible) or "none"
+            raise ProfileUnavailable(f"no profile {slug!r} for you; choose one of: {names}")
+        if not self.fits_inventory(profile):
+            raise ProfileUnavailable(
+                f"{profile.slug} is larger than any machine here: it never fits"
+            )
+        return profile
+
     def request_for(
         self,
         profile: Profile,
@@ -476,7 +502,47 @@ class GPUCapacity(SingletonConfigurable):
     # -- allocation ----------------------------------------------------------------------------
 
     async def place(self, request: Request) -> Placement:
-        return await asyncio.to_thread(self.allocator.place, request)
+        """Place `request`; when an on-demand request does not fit, preemptible work of an owner
+        that can give it back (`add_evictor`: job runs) is evicted to make room, and this returns
+        once nothing of it runs (a share is never handed out while its last holder still uses
+        it). Preemptible servers are evicted by their spawner (GPUKubeSpawner), not here."""
+        refusal: NoCapacity | None = None
+        try:
+            return await asyncio.to_thread(self.allocator.place, request)
+        except NoCapacity as e:
+            if request.preemptible or not self._evictors:
+                raise
+            refusal = e
+        try:
+            placement, victims = await asyncio.to_thread(
+                self.allocator.preempt_and_place, request, self._has_evictor
+            )
+        except NoCapacity:
+            raise refusal from None  # its reason, not the preemption search's
+        for victim in victims:
+            await self.evict(victim, f"preempted for on-demand work {request.id}")
+        return placement
+
+    def add_evictor(self, owns: Callable[[str], bool], evict: Evict) -> None:
+        """Another owner of allocations (the job service) that can give a preemptible one back:
+        `owns(allocation_id)` says which are its, `evict(placement, reason)` stops it and returns
+        when nothing of it runs. The allocator has already released the victim's share."""
+        self._evictors.append((owns, evict))
+
+    def remove_evictor(self, evict: Evict) -> None:
+        self._evictors = [(owns, e) for owns, e in self._evictors if e != evict]
+
+    def _has_evictor(self, placement: Placement) -> bool:
+        return any(owns(placement.request.id) for owns, _ in self._evictors)
+
+    async def evict(self, victim: Placement, reason: str) -> bool:
+        """Evict `victim` through its owner's evictor; False when no evictor owns it."""
+        for owns, evict in self._evictors:
+            if owns(victim.request.id):
+                self.record_event(victim.request.id, "preempted", reason)
+                await evict(victim, reason)
+                return True
+        return False
 
     async def release(self, allocation_id: str) -> Placement | None:
         placement = await asyncio.to_thread(self.allocator.release, allocation_id)
@@ -495,15 +561,22 @@ class GPUCapacity(SingletonConfigurable):
     def waiting(self, slug: str) -> _WaitingTicket:
         return _WaitingTicket(self._waiting, slug)
 
+    def keep_allocations(self, live: Callable[[], set[str]]) -> None:
+        """Another owner of allocations (the job service): `live()` names those it holds now,
+        which `reconcile` must keep although no server has them."""
+        self._other_owners.append(live)
+
     def reconcile(self, live_allocation_ids: set[str]) -> list[Placement]:
-        """Release allocations that belong to no server JupyterHub knows of (the hub died between
-        placing and recording a server). Runs once per hub process, before the first spawn."""
+        """Release allocations that belong to no server JupyterHub knows of and no other owner
+        holds (the hub died between placing and recording a server). Runs once per hub process,
+        before the first spawn."""
         if self._reconciled:
             return []
         self._reconciled = True
-        orphans = [
-            p for p in self.allocator.allocations() if p.request.id not in live_allocation_ids
-        ]
+        live = set(live_allocation_ids)
+        for other in self._other_owners:
+            live |= other()
+        orphans = [p for p in self.allocator.allocations() if p.request.id not in live]
         for p in orphans:
             self.allocator.release(p.request.id)
             self.log.warning("Released orphaned GPU allocation %s on %s", p.request.id, p.node)

@@ -1,4 +1,5 @@
-"""The `gpulab` command: run the embedded hub from a state directory."""
+"""The `gpulab` command: run the embedded hub from a state directory (`run`), GPU jobs on a hub
+(`job`, `cli_jobs`), the dev cluster (`dev-cluster`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+from gpulab.hub import cli_jobs
 
 DEFAULT_CONFIG = Path(__file__).with_name("jupyterhub_config.py")
 
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="an extra JupyterHub config file (profiles, quotas...)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed on to jupyterhub")
     p.set_defaults(func=run)
+    j = sub.add_parser("job", help="GPU jobs on a hub: submit, list, show, logs, cancel")
+    cli_jobs.add_arguments(j)
     d = sub.add_parser(
         "dev-cluster", help="a local Kubernetes control plane with simulated GPU nodes"
     )

@@ -31,6 +31,7 @@ conveniences that the shipped config turns into these traits.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import socket
 import sys
@@ -38,6 +39,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from jupyterhub.app import JupyterHub
 from jupyterhub.auth import Authenticator
 from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode
 from traitlets.config import Config, Configurable
@@ -45,11 +47,13 @@ from traitlets.utils.importstring import import_item
 
 from gpulab.hub import apihandlers, handlers
 from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.daskservice.hub import GPUDask, post_stop_hook
 from gpulab.hub.handlers.servers import server_handler_overrides
 from gpulab.hub.inventory import InventoryError
+from gpulab.hub.jobservice.hub import GPUJobs
 from gpulab.hub.profiles import ProfileError
 from gpulab.hub.refusals import install_quiet_refusals
-from gpulab.hub.scopes import CUSTOM_SCOPES
+from gpulab.hub.scopes import CUSTOM_SCOPES, DASK
 from gpulab.spawner.names import (
     DEFAULT_PUSH_INTERVAL_SECONDS,
     METRICS_CONFIG_ENV,
@@ -63,6 +67,21 @@ from gpulab.spawner.names import (
 DEFAULT_AUTHENTICATOR = "pam"
 #: gpulab's HTML templates (its pages, the picker, the approval page)
 TEMPLATES = Path(__file__).parent / "templates"
+#: $JUPYTERHUB_API_TOKEN of every server: JupyterHub's `server` role (reach this one server,
+#: report its activity) plus the scopes of the hub's GPU jobs API on the server's owner alone
+#: (`!user` becomes `!user=<owner>`), so the lab's jobs panel and jupyter-scheduler's gpulab
+#: backend can list, submit and cancel her runs. It is worth no more than her own access (JupyterHub
+#: grants a server token only the part of these its owner holds) and reaches no other tenant: the
+#: filter names her, and the token lives in her server's environment under her account
+#: (tests/hub/jobservice/test_lab_backend.py: another user's server token gets 403 on her runs).
+SERVER_TOKEN_SCOPES = [
+    "access:servers!server",
+    "users:activity!user",
+    "read:servers!user",
+    "servers!user",
+    # her Dask clusters (gpulab.dask.GPUCluster in a notebook), hers alone (the same filter)
+    f"{DASK}!user",
+]
 #: every route apply(c) adds after JupyterHub's own (relative to the hub's prefix): REST, pages
 gpulab_handlers: list[tuple[str, type[Any]]] = [
     *apihandlers.default_handlers,
@@ -83,6 +102,21 @@ class GPULabHubHooks(Authenticator):
         # the hub's logger (spawners and handlers log there): a refused spawn is one line
         install_quiet_refusals(self.log)
         self.check_gpu_configuration()
+        self.attach_job_service()
+
+    def attach_job_service(self) -> None:
+        """GPU jobs and Dask clusters for this hub (`GPUJobs`, `GPUDask`): the authenticator is made while the hub
+        initialises, in its event loop, with the hub as its parent; an authenticator made
+        anywhere else (a test, a config check) starts nothing."""
+        app = self.parent
+        if not isinstance(app, JupyterHub):
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        GPUJobs.instance(config=self.config, log=self.log).attach_to_hub(app)
+        GPUDask.instance(config=self.config, log=self.log).attach_to_hub(app)
 
     def check_gpu_configuration(self) -> None:
         """Load the GPU inventory, catalog and quotas at hub start, so that a configuration
@@ -254,6 +288,28 @@ def add_web(c: Config) -> None:
     c.JupyterHub.custom_scopes = scopes
 
 
+def add_dask(c: Config) -> None:
+    """Dask clusters: every user manages her own (`custom:gpulab:dask!user` in the `user` role,
+    which a server token then may hold too), and a stopped server stops its clusters that are not
+    kept alive (`Spawner.post_stop_hook`, after an admin's own hook)."""
+    extra = list(c.JupyterHub.get("extra_user_scopes", []))
+    if f"{DASK}!user" not in extra:
+        c.JupyterHub.extra_user_scopes = [*extra, f"{DASK}!user"]
+    admins_hook = c.Spawner.get("post_stop_hook")
+    if admins_hook is None or admins_hook is post_stop_hook:
+        c.Spawner.post_stop_hook = post_stop_hook
+    elif not getattr(admins_hook, "gpulab_dask", False):
+
+        async def both(spawner: Any) -> None:
+            result = admins_hook(spawner)
+            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                await result
+            await post_stop_hook(spawner)
+
+        both.gpulab_dask = True  # type: ignore[attr-defined]
+        c.Spawner.post_stop_hook = both
+
+
 def apply(c: Config) -> None:
     """Make the hub configured in `c` a gpulab hub (see the module docstring). Call it last."""
     settings = GPULab(config=c)
@@ -264,6 +320,9 @@ def apply(c: Config) -> None:
     current = env if isinstance(env, dict) else copy.deepcopy(env).get_value({})
     if MONITOR_SOURCE_ENV not in current:
         env.update({MONITOR_SOURCE_ENV: settings.monitor_source})
+    if "server_token_scopes" not in c.Spawner:  # an admin's own choice wins
+        c.Spawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
+    add_dask(c)
     configured = c.JupyterHub.get("authenticator_class", DEFAULT_AUTHENTICATOR)
     c.JupyterHub.authenticator_class = with_hub_hooks(authenticator_class(configured))
     add_web(c)

@@ -15,10 +15,20 @@ from jupyterhub.scopes import define_custom_scopes
 #: (admin:users): grant this to a service or a group that should read them and do nothing else
 ALLOCATIONS_READ = "custom:gpulab:allocations:read"
 
+#: manage one's Dask clusters (/hub/api/gpulab/users/{user}/dask-clusters, their dashboards):
+#: granted as `custom:gpulab:dask!user` (each user, on herself) through the `user` role and every
+#: server's token, so `gpulab.dask.GPUCluster` in a notebook needs nothing more. The `!user`
+#: filter names the owner: it reaches no other tenant's clusters.
+DASK = "custom:gpulab:dask"
+
 #: every custom scope gpulab defines, as `c.JupyterHub.custom_scopes` takes them
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     ALLOCATIONS_READ: {
         "description": "List every user's GPU allocations (which GPUs, on which node, why).",
+    },
+    DASK: {
+        "description": "Create, scale, stop and connect to Dask clusters, and open their "
+        "dashboards.",
     },
 }
 

@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 #: directories in the state directory that users pass through to reach their own entries
-USER_FACING_DIRS = frozenset({"homes", "snapshots", "checkpoint-keys"})
+USER_FACING_DIRS = frozenset({"homes", "snapshots", "checkpoint-keys", "job-runs"})
 
 
 def secure_state_dir(path: str | os.PathLike[str]) -> list[str]:

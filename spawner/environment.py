@@ -11,9 +11,10 @@ Without Kubernetes there are two ways to hold a process to a fraction of a GPU:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpulab.spawner.names import (
     CAPS_HOOK_ENV,
@@ -55,6 +56,19 @@ class AssignedGPU:
     def model_name(self) -> str:
         """As NVML names the device ('A100-SXM4-80GB MIG 2g.20gb' for a MIG instance)."""
         return f"{self.model} MIG {self.mig_profile}" if self.mig_profile else self.model
+
+
+def assigned_gpus(shares: Iterable[Any], gpu_of: Callable[[str], Any]) -> list[AssignedGPU]:
+    """The GPUs of a placement's shares (``GpuShare``: uuid, milli), with the model, memory and
+    MIG profile of the inventory's GPU behind each (``gpu_of(uuid)``: ``GPUCapacity.gpu_by_uuid``),
+    as job attempts and Dask workers get them."""
+    gpus = []
+    for share in shares:
+        gpu = gpu_of(share.uuid)
+        gpus.append(
+            AssignedGPU(share.uuid, gpu.model, gpu.memory_mib, share.milli, gpu.mig_profile)
+        )
+    return gpus
 
 
 @dataclass(frozen=True)

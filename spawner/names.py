@@ -76,6 +76,30 @@ PLACEMENT_ANNOTATION = "gpulab.io/placement"
 PRIORITY_LABEL = "gpulab.io/priority"
 #: Pods of one affinity group (preferred together on a rack / zone).
 AFFINITY_LABEL = "gpulab.io/affinity-group"
+#: KubeSpawner's label of a user's objects (its escaped name); gpulab's jobs carry it too, with
+#: the name as a safe label value (the exact name is in the annotation of the same key).
+USERNAME_LABEL = "hub.jupyter.org/username"
+
+# --- Kubernetes objects of a job run (issue 16): the Job, its pod, its spec Secret ---------------
+# Written by the job manifests (spawner/kube/job_objects.py); read by the hub's Kubernetes job
+# executor to find a run's objects again after a restart.
+
+#: The `component` label value of a job run's objects (servers: KubeSpawner's singleuser-server).
+JOB_COMPONENT = "gpulab-job"
+#: The run id of the hub's job store.
+JOB_RUN_LABEL = "gpulab.io/job-run"
+#: The attempt of the run, from 1.
+JOB_ATTEMPT_LABEL = "gpulab.io/job-attempt"
+
+# --- Kubernetes objects of a Dask cluster (issue 17): DaskCluster, DaskWorkerGroups, their pods ---
+# Written by spawner/kube/dask_objects.py; read by the hub's Kubernetes Dask executor.
+
+#: The `component` label value of a Dask cluster's objects.
+DASK_COMPONENT = "gpulab-dask"
+#: The cluster id of the hub's cluster store.
+DASK_CLUSTER_LABEL = "gpulab.io/dask-cluster"
+#: The worker's number within its cluster (worker groups and their pods).
+DASK_WORKER_LABEL = "gpulab.io/dask-worker"
 
 # --- Workspace volumes and snapshots (kube spawner writes; dev cluster snapshotter reads) ---------
 
@@ -85,6 +109,11 @@ WORKSPACE_LABEL = "gpulab.io/workspace"
 SNAPSHOT_KIND_LABEL = "gpulab.io/snapshot-label"
 #: File count/size of a snapshot, written by the snapshotter, shown in the workspaces page.
 SNAPSHOT_FILES_ANNOTATION = "snapshot.gpulab.io/files"
+
+# --- Environment of a user's workloads: the prefix of every variable gpulab sets -----------------
+#: Every variable gpulab writes into a server's, job's or worker's environment starts with this;
+#: a job's submitter may set none of them (gpulab.hub.jobs.model), so none can be forged.
+ENV_PREFIX = "GPULAB_"
 
 # --- Environment of a user's server: GPUs -----------------------------------------------------------
 # Written by the spawners (spawner/environment.py, spawner/local, spawner/kube); read by the GPU
@@ -139,6 +168,19 @@ CHECKPOINT_INCREMENTAL_MB_ENV = "GPULAB_CHECKPOINT_INCREMENTAL_MB"
 CHECKPOINT_IDLE_SECONDS_ENV = "GPULAB_CHECKPOINT_IDLE_SECONDS"
 #: "0": checkpoints off.
 CHECKPOINT_ENABLED_ENV = "GPULAB_CHECKPOINT"
+
+# --- Environment of a job run (issue 16) ------------------------------------------------------------
+# Written by the local job runner (spawner/local/jobs.py) for every attempt of a run, besides the
+# placement's GPU variables above and CHECKPOINT_DIR_ENV (for a job: the run's checkpoint
+# directory, the same for every attempt, so that a retried or preempted run resumes from it); read
+# by the job's own code.
+
+#: The run's id in the hub's job store.
+JOB_RUN_ID_ENV = "GPULAB_JOB_RUN_ID"
+#: The attempt's number, from 1 (a retry or a preempted run's next attempt counts up).
+JOB_ATTEMPT_ENV = "GPULAB_JOB_ATTEMPT"
+#: The run's output directory (absolute; <home>/<output_dir>/run-<id>), the same for every attempt.
+JOB_OUTPUT_DIR_ENV = "GPULAB_OUTPUT_DIR"
 
 # --- Environment of a user's server: the GPU monitor (extension) ---------------------------------
 # Set by the dev cluster / test harness for servers without NVML; read by jupyterlab_gpulab.

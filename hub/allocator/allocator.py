@@ -12,9 +12,10 @@ from .errors import AlreadyAllocated, InvalidRequest, NoCapacity, StaleAllocatio
 from .explain import explain_no_fit
 from .model import MILLI, GpuShare, Inventory, Placement, Request
 from .policies import Policy, get_policy
+from .policies.base import ScoredPolicy
 from .preemption import Victim, cheapest_on_node
 from .quota import Quota, QuotaLedger
-from .state import ClusterState
+from .state import ClusterState, Shape
 from .store import AllocationStore, MemoryStore, SQLiteStore
 from .units import fmt_gpus
 
@@ -189,23 +190,29 @@ class Allocator:
             self._forget(request_id)
             return placement
 
-    def propose_preemption(self, request: Request) -> list[Placement]:
+    def propose_preemption(
+        self, request: Request, evictable: Callable[[Placement], bool] | None = None
+    ) -> list[Placement]:
         """The cheapest set of preemptible placements whose release lets ``request`` fit.
 
         ``[]`` when it fits already. Raises NoCapacity when no set of preemptible victims is
         enough (on-demand work is never preempted, and preemptible requests preempt nothing),
-        QuotaExceeded when the request is over its budget anyway.
+        QuotaExceeded when the request is over its budget anyway. ``evictable``: only
+        placements it accepts are candidates (the caller can evict only those).
         """
         with self._lock:
             self._admit(request)
-            found = self._find_victims(request)
+            found = self._find_victims(request, evictable)
             return [] if found is None else [v.placement for v in found[1]]
 
-    def preempt_and_place(self, request: Request) -> tuple[Placement, list[Placement]]:
-        """Release the cheapest victims and place ``request`` in one atomic, persisted step."""
+    def preempt_and_place(
+        self, request: Request, evictable: Callable[[Placement], bool] | None = None
+    ) -> tuple[Placement, list[Placement]]:
+        """Release the cheapest victims and place ``request`` in one atomic, persisted step
+        (``evictable`` as for ``propose_preemption``)."""
         with self._lock:
             over_quota = self._admit(request)
-            found = self._find_victims(request)
+            found = self._find_victims(request, evictable)
             if found is None:
                 choice = self._choose(request)
                 assert choice is not None
@@ -260,6 +267,10 @@ class Allocator:
 
     def _choose(self, request: Request) -> tuple[int, tuple[int, ...]] | None:
         shape = request.shape
+        if request.preferred_node is not None:
+            choice = self._choose_near(request)
+            if choice is not None:
+                return choice
         racks = self._affinity.get(request.affinity_group or "")
         if racks:
             near: list[int] = [i for rack in sorted(racks) for i in self._rack_nodes.get(rack, [])]
@@ -270,6 +281,65 @@ class Allocator:
         if failed is not None and failed[0] == self._state.free_epoch:
             return None  # nothing was released since it last failed: it cannot fit now either
         return self.policy.choose(self._state, shape)
+
+    def _choose_near(self, request: Request) -> tuple[int, tuple[int, ...]] | None:
+        """The preferred node, else a node of its rack; None hands over to the usual order.
+
+        Soft: a preferred node that is full, or not in the inventory (a notebook on a node
+        without GPUs the allocator does not manage), only makes this return None.
+        """
+        assert request.preferred_node is not None
+        node = self.inventory.index_of(request.preferred_node)
+        if node is None:
+            return None
+        shape = request.shape
+        failed = self._failed.get(shape)
+        if failed is not None and failed[0] == self._state.free_epoch:
+            return None  # fits nowhere, so neither here nor in the rack
+        choice = self.policy.choose(self._state, shape, [node])
+        if choice is not None:
+            group = request.preferred_nvlink_group
+            if group is not None:
+                option = self._option_in_group(node, shape, group)
+                if option is not None:
+                    return node, option
+            return choice
+        rack = self.inventory.nodes[node].rack
+        if rack is None:
+            return None
+        near = [i for i in self._rack_nodes.get(rack, []) if i != node]
+        return self.policy.choose(self._state, shape, near) if near else None
+
+    def _option_in_group(self, node: int, shape: Shape, group: str) -> tuple[int, ...] | None:
+        """GPU positions on ``node`` for ``shape`` all in NVLink ``group`` (the policy's best
+        among them), or None when the group cannot hold it; the node must fit ``shape``."""
+        state = self._state
+        sig = state.sig(node)
+        cls = state.node_class(sig)
+        if cls.interchangeable:
+            return None  # its GPUs share one group (or none): the policy's choice is as good
+        # A node that is not interchangeable keeps its GPUs in index order: positions are indices.
+        _, _, num_gpu, milli, models, _ = shape
+        options: list[tuple[int, ...]] = []
+        if milli:
+            seen: set[int] = set()
+            for p in state.fitting_positions(sig, shape):
+                if cls.nvlink[p] == group and p not in seen:
+                    seen.add(p)
+                    options.append((p,))
+        elif num_gpu:
+            per_model: dict[str, list[int]] = {}
+            for p, free in enumerate(sig[3]):
+                allowed = not models or cls.models[p] in models
+                if free == MILLI and cls.nvlink[p] == group and allowed:
+                    per_model.setdefault(cls.models[p], []).append(p)
+            options = [tuple(ps[:num_gpu]) for ps in per_model.values() if len(ps) >= num_gpu]
+        if not options:
+            return None
+        policy = self.policy
+        if isinstance(policy, ScoredPolicy) and len(options) > 1:
+            return min(options, key=lambda o: (policy.score(state, sig, shape, o), o))
+        return options[0]
 
     def _failure_reason(self, request: Request) -> str:
         """Why ``request`` does not fit, remembered until resources are released again."""
@@ -375,7 +445,9 @@ class Allocator:
         self._remember(placement, node, shares)
         return None
 
-    def _find_victims(self, request: Request) -> tuple[int, tuple[Victim, ...]] | None:
+    def _find_victims(
+        self, request: Request, evictable: Callable[[Placement], bool] | None = None
+    ) -> tuple[int, tuple[Victim, ...]] | None:
         """None when the request fits now; else (node, victims); NoCapacity when impossible."""
         if self._choose(request) is not None:
             return None
@@ -390,7 +462,7 @@ class Allocator:
             cands = []
             for rid in rids:
                 p = self._placements[rid]
-                if p.request.preemptible:
+                if p.request.preemptible and (evictable is None or evictable(p)):
                     _, shares = self._held[rid]
                     cands.append(
                         Victim(p, node, p.request.cpu_milli, p.request.memory_mib, tuple(shares))

@@ -143,6 +143,12 @@ class Request:
     ``num_gpu`` whole GPUs on one node, or ``gpu_milli`` (1..999) of one GPU, never both.
     ``gpu_models`` restricts the GPU model (empty = any). ``affinity_group`` makes related
     requests (a Dask cluster and its notebook) prefer the rack where the group already runs.
+
+    ``preferred_node`` and ``preferred_nvlink_group`` are soft orderings, never constraints
+    (decision 0003, "Placement next to the notebook"): the request goes to the preferred node
+    when it fits there, else to a node of that node's rack, else where ``affinity_group`` runs,
+    else anywhere; on the preferred node, GPUs of ``preferred_nvlink_group`` come first. A full
+    or unknown preferred node is passed over, never a reason to refuse.
     """
 
     id: str
@@ -156,6 +162,8 @@ class Request:
     priority: Priority = "on-demand"
     nvlink: bool = False
     affinity_group: str | None = None
+    preferred_node: str | None = None
+    preferred_nvlink_group: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -194,6 +202,19 @@ class Request:
             raise InvalidRequest(
                 f"Request {self.id!r}: gpu_milli={self.gpu_milli} is a whole GPU or more; "
                 f"use num_gpu={self.gpu_milli // MILLI} for whole GPUs."
+            )
+        for name in ("preferred_node", "preferred_nvlink_group"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise InvalidRequest(
+                    f"Request {self.id!r}: {name} must be a non-empty name or None, "
+                    f"got {value!r:.80}."
+                )
+        if self.preferred_nvlink_group is not None and self.preferred_node is None:
+            raise InvalidRequest(
+                f"Request {self.id!r}: preferred_nvlink_group="
+                f"{self.preferred_nvlink_group!r} names a group on the preferred node; "
+                f"give preferred_node too."
             )
         if self.priority not in PRIORITIES:
             raise InvalidRequest(

@@ -51,7 +51,9 @@ class MemoryStore:
 
 
 def request_to_dict(r: Request) -> dict[str, Any]:
-    return {
+    """JSON-ready fields; the soft placement preferences only when set, so that rows and pod
+    annotations of requests without one read as they did before they existed."""
+    out: dict[str, Any] = {
         "id": r.id,
         "owner": r.owner,
         "groups": sorted(r.groups),
@@ -64,6 +66,11 @@ def request_to_dict(r: Request) -> dict[str, Any]:
         "nvlink": r.nvlink,
         "affinity_group": r.affinity_group,
     }
+    if r.preferred_node is not None:
+        out["preferred_node"] = r.preferred_node
+    if r.preferred_nvlink_group is not None:
+        out["preferred_nvlink_group"] = r.preferred_nvlink_group
+    return out
 
 
 def request_from_dict(d: dict[str, Any]) -> Request:
@@ -79,6 +86,8 @@ def request_from_dict(d: dict[str, Any]) -> Request:
         priority=d.get("priority", "on-demand"),
         nvlink=d.get("nvlink", False),
         affinity_group=d.get("affinity_group"),
+        preferred_node=d.get("preferred_node"),
+        preferred_nvlink_group=d.get("preferred_nvlink_group"),
     )
 
 

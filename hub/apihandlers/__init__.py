@@ -1,5 +1,6 @@
 """gpulab's REST endpoints under /hub/api/gpulab/, one module per resource (as
-`jupyterhub.apihandlers`): capacity, allocations, and workspace snapshots (with restore and clone).
+`jupyterhub.apihandlers`): capacity, allocations, workspace snapshots (with restore and clone)
+GPU jobs and Dask clusters.
 
 `default_handlers` is every route, relative to the hub's prefix; `gpulab.hub.config.apply(c)`
 registers them (with the pages of `gpulab.hub.handlers`) as `c.JupyterHub.extra_handlers`.
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulab.hub.apihandlers import allocations, capacity, snapshots
+from gpulab.hub.apihandlers import allocations, capacity, dask, jobs, snapshots
 
 default_handlers: list[tuple[str, type[Any]]] = [
     *capacity.default_handlers,
     *allocations.default_handlers,
     *snapshots.default_handlers,
+    *jobs.default_handlers,
+    *dask.default_handlers,
 ]

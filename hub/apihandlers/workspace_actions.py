@@ -78,18 +78,25 @@ def check_new_server_name(user: Any, server_name: str, renamed_from: str | None 
 READ, CHANGE = "read:servers", "servers"
 
 
-def workspace_spawner(handler: Any, username: str, server: str, scope: str) -> Workspaces:
-    """The spawner of `username`'s server, when the request holds JupyterHub's `scope` for it
-    (its owner and admins do, through JupyterHub's default roles; any role may grant it, filtered
-    by user, group or server), else 403; 404 for a user or server that does not exist."""
+def scoped_user(handler: Any, username: str, scope: str) -> tuple[Any, Any]:
+    """The hub user `username` and the request's filter for JupyterHub's `scope`; 403 without
+    authentication, and for a user that does not exist unless the caller may act on every user
+    (404: only such a caller learns that this one does not exist)."""
     if handler.current_user is None:
         raise web.HTTPError(403, "Authentication required")
     may = handler.get_scope_filter(scope)
     user = handler.find_user(username)
     if user is None:
-        # only a caller who may act on every user learns that this one does not exist
         may_all = handler.parsed_scopes.get(scope) is Scope.ALL
         raise web.HTTPError(404 if may_all else 403, f"No such user {shown(username)}")
+    return user, may
+
+
+def workspace_spawner(handler: Any, username: str, server: str, scope: str) -> Workspaces:
+    """The spawner of `username`'s server, when the request holds JupyterHub's `scope` for it
+    (its owner and admins do, through JupyterHub's default roles; any role may grant it, filtered
+    by user, group or server), else 403; 404 for a user or server that does not exist."""
+    user, may = scoped_user(handler, username, scope)
     orm_server = user.orm_spawners.get(server)
     allowed = may(orm_server, kind="server") if orm_server else may(user.orm_user, kind="user")
     if not allowed:

@@ -1,6 +1,6 @@
 """gpulab's hub pages (HTML) and its checks in front of JupyterHub's own server handlers.
 
-`default_handlers`: the pages (`/hub/gpulab/workspaces`), registered by
+`default_handlers`: the pages (`/hub/gpulab/workspaces`, Dask dashboards under `/hub/gpulab/dask/`), registered by
 `gpulab.hub.config.apply(c)` as extra handlers. `servers.server_handler_overrides` are not among
 them: they must come before JupyterHub's own routes, so apply(c) has the authenticator return them.
 """
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulab.hub.handlers import workspaces
+from gpulab.hub.handlers import dask_dashboard, workspaces
 
 default_handlers: list[tuple[str, type[Any]]] = [
     *workspaces.default_handlers,
+    *dask_dashboard.default_handlers,
 ]

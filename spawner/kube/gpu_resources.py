@@ -14,7 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab.hub.allocator import GPU, Placement
 from gpulab.hub.inventory import MIG_PROFILES_BY_MEMORY_GB
+from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import CPU_ONLY, EXCLUSIVE
 from gpulab.spawner.names import (
     GPU_DEVICE_MEMORY_MIB_ENV,
@@ -24,11 +26,14 @@ from gpulab.spawner.names import (
     GPU_MEMORY_LIMIT_MIB_ENV,
     GPU_MODEL_ENV,
     GPU_RESOURCE,
+    GPU_SHARING_ENV,
     HAMI_CORES_RESOURCE,
     HAMI_MEMORY_RESOURCE,
     HOSTNAME_LABEL,
+    ISOLATION_ENV,
     MIG_RESOURCE_PREFIX,
     PRODUCT_LABEL,
+    PROFILE_ENV,
     SHARED_GPU_RESOURCE,
     SHARED_PRODUCT_SUFFIX,
     SPOT_TAINT_KEY,
@@ -202,3 +207,59 @@ def share_environment(
         }
     )
     return env
+
+
+@dataclass(frozen=True)
+class PlacedPod:
+    """What a pod holding a placement needs: its GPU spec (resource limits, the required node
+    affinity that pins it to the allocator's node, spot tolerations, priority class) and what it
+    is told of its share. A server's pod (GPUKubeSpawner) and a job's (job_objects) get the same."""
+
+    gpu: KubeGPUSpec
+    environment: dict[str, str]
+
+
+def placed_pod(
+    profile: Profile,
+    placement: Placement,
+    *,
+    sharing: str,
+    priority: str,
+    device: GPU | None,
+    gpu_memory_mib: int,
+    priority_classes: Mapping[str, str] | None = None,
+    inventory: str = "",
+) -> PlacedPod:
+    """The pod side of `placement` for `profile`. `device`: the allocator's GPU the placement's
+    first share lies on (None without GPUs); `gpu_memory_mib`: the memory of its model;
+    `priority`: "on-demand" or "preemptible" (a job's may differ from its profile's);
+    `inventory`: the node's INVENTORY_LABEL ("simulated" GPUs are simulated by the monitor)."""
+    # a fraction asks for the device the allocator counted the share on
+    fraction_device = device if placement.gpus and profile.gpu_milli else None
+    spec = gpu_spec(
+        num_gpu=profile.num_gpu,
+        gpu_milli=profile.gpu_milli,
+        gpu_models=profile.gpu_models,
+        gpu_memory_mib=gpu_memory_mib,
+        sharing=sharing,
+        priority=priority,
+        node_name=placement.node,
+        priority_classes=priority_classes,
+        mig_profile=fraction_device.mig_profile if fraction_device is not None else None,
+        share_milli=placement.gpus[0].milli if fraction_device is not None else 0,
+    )
+    environment = {
+        PROFILE_ENV: profile.slug,
+        ISOLATION_ENV: spec.isolation,
+        GPU_SHARING_ENV: sharing if profile.gpu_milli else "",
+        **share_environment(
+            sharing=sharing,
+            model=device.model if device is not None else "",
+            taken_milli=sum(s.milli for s in placement.gpus),
+            device_memory_mib=gpu_memory_mib,
+            fractional=bool(profile.gpu_milli),
+            mig_profile=device.mig_profile if device is not None else None,
+            inventory=inventory,
+        ),
+    }
+    return PlacedPod(gpu=spec, environment=environment)

@@ -3,7 +3,8 @@ may reach (issue 12), on by default whatever the profiles.
 
 Every server runs as a fixed non-root uid/gid with `runAsNonRoot`, no privilege escalation, no
 capabilities and the runtime's seccomp profile; the namespace gets the `gpulab-singleuser`
-NetworkPolicy. The manifests are pure builders in `objects`; this mixin holds the options and
+NetworkPolicy (and `gpulab-singleuser-jobs`: the same rules for the pods of GPU jobs, which run
+with the same identity and hardening). The manifests are pure builders in `objects`; this mixin holds the options and
 keeps the NetworkPolicy in place with the spawner's Kubernetes client.
 """
 
@@ -26,7 +27,7 @@ from gpulab.spawner.kube.objects import (
     seccomp_profile,
     singleuser_network_policy,
 )
-from gpulab.spawner.names import PUSH_URL_ENV
+from gpulab.spawner.names import JOB_COMPONENT, PUSH_URL_ENV
 
 
 class KubeIsolationMixin(Configurable):
@@ -195,21 +196,43 @@ class KubeIsolationMixin(Configurable):
             ports.append(parsed.port or (443 if parsed.scheme == "https" else 80))
         return ports
 
+    def job_network_policy_manifest(self) -> dict[str, Any]:
+        """The NetworkPolicy of the job pods (`gpulab.spawner.kube.jobs`): the servers' rules
+        for the pods of gpulab's Jobs, so a job is as unreachable from another tenant's pods as
+        her server is (only the hub, the proxy and the metrics scraper connect)."""
+        body = self.network_policy_manifest()
+        selector = {"component": JOB_COMPONENT}
+        if "app" in self.common_labels:
+            selector["app"] = self.common_labels["app"]
+        body["metadata"]["name"] = self.job_network_policy_name
+        body["metadata"]["labels"] = {**MANAGED_BY, "component": "gpulab-job-network-policy"}
+        body["spec"]["podSelector"] = {"matchLabels": selector}
+        return body
+
+    @property
+    def job_network_policy_name(self) -> str:
+        return f"{self.network_policy_name}-jobs"
+
     async def ensure_network_policy(self) -> None:
         """The servers' NetworkPolicy exists in this namespace as configured (once per hub
         process and namespace; a changed policy is replaced)."""
+        await self._ensure_policy(self.network_policy_name, self.network_policy_manifest)
+
+    async def ensure_job_network_policy(self) -> None:
+        """The job pods' NetworkPolicy, as `ensure_network_policy` (before any job pod)."""
+        await self._ensure_policy(self.job_network_policy_name, self.job_network_policy_manifest)
+
+    async def _ensure_policy(self, name: str, manifest: Any) -> None:
         if not self.network_policy:
             return
-        key = (self.namespace, self.network_policy_name)
+        key = (self.namespace, name)
         if key in self._network_policies_ready:
             return
         api = NetworkingV1Api(self.api.api_client)
-        body = self.network_policy_manifest()
+        body = manifest()
         try:
             try:
-                current = await api.read_namespaced_network_policy(
-                    self.network_policy_name, self.namespace
-                )
+                current = await api.read_namespaced_network_policy(name, self.namespace)
             except ApiException as e:
                 if e.status != 404:
                     raise
@@ -221,13 +244,11 @@ class KubeIsolationMixin(Configurable):
             else:
                 spec = self.api.api_client.sanitize_for_serialization(current.spec)
                 if spec != body["spec"]:
-                    await api.replace_namespaced_network_policy(
-                        self.network_policy_name, self.namespace, body
-                    )
+                    await api.replace_namespaced_network_policy(name, self.namespace, body)
         except ApiException as e:
             raise web.HTTPError(
                 500,
-                f"Cannot create the NetworkPolicy {self.namespace}/{self.network_policy_name} "
+                f"Cannot create the NetworkPolicy {self.namespace}/{name} "
                 f"({e.status} {e.reason}); the hub needs create/update on networkpolicies, or set "
                 "GPUKubeSpawner.network_policy = False where a chart ships the policy",
             ) from None

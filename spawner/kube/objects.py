@@ -34,12 +34,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpulab.spawner.names import AFFINITY_LABEL, RACK_LABEL, ZONE_LABEL
+from gpulab.hub.allocator import GpuShare, Placement
+from gpulab.hub.allocator.store import request_from_dict, request_to_dict
+from gpulab.spawner.names import AFFINITY_LABEL, PLACEMENT_ANNOTATION, RACK_LABEL, ZONE_LABEL
 
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 SNAPSHOT_VERSION = "v1"
@@ -60,6 +63,8 @@ SECCOMP_TYPES = ("RuntimeDefault", "Unconfined", "Localhost")
 #: where the checkpoint key Secret is mounted in the server container, and its file there
 CHECKPOINT_KEY_DIR = "/etc/gpulab/checkpoint-key"
 CHECKPOINT_KEY_VOLUME = "gpulab-checkpoint-key"
+#: the volume of a server's (or a job's) home PVC
+HOME_VOLUME = "gpulab-home"
 
 
 def seccomp_profile(value: str) -> dict[str, str]:
@@ -99,6 +104,26 @@ def _ip_blocks(cidrs: Iterable[str]) -> list[dict[str, Any]]:
     return [{"ipBlock": {"cidr": c}} for c in cidrs]
 
 
+def dns_egress() -> dict[str, Any]:
+    """An egress rule to the cluster's DNS (any address, port 53)."""
+    return {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+
+
+def internet_egress(cloud_metadata_ip: str = CLOUD_METADATA_IP) -> dict[str, Any]:
+    """An egress rule to the internet: anything but private ranges (the cluster's pods, the
+    hub's machine) and the cloud metadata address (its credentials are the node's)."""
+    return {
+        "to": [
+            {
+                "ipBlock": {
+                    "cidr": "0.0.0.0/0",
+                    "except": [*PRIVATE_RANGES, f"{cloud_metadata_ip}/32"],
+                }
+            }
+        ]
+    }
+
+
 def singleuser_network_policy(
     name: str,
     *,
@@ -131,21 +156,10 @@ def singleuser_network_policy(
             "to": [{"podSelector": {"matchLabels": dict(hub_selector)}}, *_ip_blocks(cidrs)],
         },
         # server -> the cluster's DNS
-        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+        dns_egress(),
     ]
     if allow_internet:
-        egress.append(
-            {
-                "to": [
-                    {
-                        "ipBlock": {
-                            "cidr": "0.0.0.0/0",
-                            "except": [*PRIVATE_RANGES, f"{cloud_metadata_ip}/32"],
-                        }
-                    }
-                ]
-            }
-        )
+        egress.append(internet_egress(cloud_metadata_ip))
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -178,6 +192,47 @@ def checkpoint_key_volume(secret_name: str, key_field: str, file_name: str) -> d
 
 def checkpoint_key_mount() -> dict[str, Any]:
     return {"name": CHECKPOINT_KEY_VOLUME, "mountPath": CHECKPOINT_KEY_DIR, "readOnly": True}
+
+
+def home_volume(claim_name: str) -> dict[str, Any]:
+    """The home PVC as a pod volume (a server's pod and its owner's jobs mount the same one)."""
+    return {"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": claim_name}}
+
+
+def home_mount(home: str) -> dict[str, Any]:
+    """The home volume mounted at `home` (GPUKubeSpawner.workspace_home)."""
+    return {"name": HOME_VOLUME, "mountPath": home}
+
+
+# -- the placement annotation: the hub's allocations, kept in the cluster -----------------------
+
+
+def placement_annotation(placement: Placement) -> str:
+    """PLACEMENT_ANNOTATION's value for a pod holding `placement` (servers and job pods alike):
+    a restarted hub rebuilds its allocator from these (`placement_from_pod`)."""
+    return json.dumps(
+        {
+            "request": request_to_dict(placement.request),
+            "node": placement.node,
+            "gpus": [[s.uuid, s.milli] for s in placement.gpus],
+            "created_at": placement.created_at,
+        },
+        sort_keys=True,
+    )
+
+
+def placement_from_pod(pod: dict[str, Any]) -> Placement | None:
+    """The placement a pod's PLACEMENT_ANNOTATION holds; None for a pod without one."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+    if not raw:
+        return None
+    data = json.loads(raw)
+    return Placement(
+        request=request_from_dict(data["request"]),
+        node=data["node"],
+        gpus=tuple(GpuShare(u, int(m)) for u, m in data["gpus"]),
+        created_at=float(data["created_at"]),
+    )
 
 
 # -- object names ----------------------------------------------------------------------------------
@@ -228,8 +283,11 @@ def priority_class_manifest(name: str, value: int, priority: str) -> dict[str, A
 
 
 def safe_label_value(value: str) -> str:
-    """A Kubernetes label value: 63 characters of [A-Za-z0-9._-], alphanumeric at both ends."""
-    cleaned = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in value)[:63]
+    """A Kubernetes label value: 63 characters of [A-Za-z0-9._-], alphanumeric at both ends
+    (ASCII: the API server refuses 'å', which str.isalnum accepts)."""
+    cleaned = "".join(
+        ch if (ch.isascii() and ch.isalnum()) or ch in "._-" else "-" for ch in value
+    )[:63]
     return cleaned.strip("._-") or "x"
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from kubernetes_asyncio.client import V1DeleteOptions
@@ -31,33 +32,22 @@ from gpulab.hub.inventory import KNOWN_MODELS
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
 from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
-from gpulab.spawner.kube.gpu_resources import (
-    ISOLATION,
-    SHARING_BACKENDS,
-    gpu_spec,
-    share_environment,
-)
+from gpulab.spawner.kube.gpu_resources import ISOLATION, SHARING_BACKENDS, PlacedPod, placed_pod
 from gpulab.spawner.kube.isolation import KubeIsolationMixin
 from gpulab.spawner.kube.objects import (
+    placement_annotation,
+    placement_from_pod,
     pod_event_manifest,
     prestop_lifecycle,
     priority_class_manifest,
     related_pod_affinity,
     safe_label_value,
 )
-from gpulab.spawner.kube.state import (
-    KubeGPUState,
-    ensure_kube_state,
-    placement_annotation,
-    placement_from_pod,
-)
+from gpulab.spawner.kube.state import KubeGPUState, ensure_kube_state
 from gpulab.spawner.names import (
     AFFINITY_LABEL,
-    GPU_SHARING_ENV,
-    ISOLATION_ENV,
     PLACEMENT_ANNOTATION,
     PRIORITY_LABEL,
-    PROFILE_ENV,
 )
 from gpulab.spawner.workspaces.kube import NODE_LOST, PREEMPTED, KubeWorkspaceMixin
 
@@ -240,6 +230,8 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
         return placement
 
     async def _evict(self, victim: Placement, reason: str) -> None:
+        if await self.gpu_capacity.evict(victim, reason):
+            return  # a job run: its owner (the job service) stops it and queues it again
         state = await self.gpu_state()
         message = (
             f"Your server {victim.request.id} was stopped at {time.strftime('%H:%M')}: {reason}"
@@ -271,25 +263,35 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
         except ApiException as e:
             self.log.warning("could not record event on %s: %s", meta["name"], e)
 
-    def _apply_placement(self, profile: Profile, placement: Placement) -> None:
-        device = (
-            self.gpu_capacity.gpu_by_uuid(placement.gpus[0].uuid)
-            if placement.gpus and profile.gpu_milli
-            else None
-        )
-        spec = gpu_spec(
-            num_gpu=profile.num_gpu,
-            gpu_milli=profile.gpu_milli,
-            gpu_models=profile.gpu_models,
-            gpu_memory_mib=self._gpu_memory_mib(placement),
+    def _placed_pod(self, profile: Profile, placement: Placement, priority: str) -> PlacedPod:
+        placed = self.gpu_capacity.gpu_by_uuid(placement.gpus[0].uuid) if placement.gpus else None
+        return placed_pod(
+            profile,
+            placement,
             sharing=self.gpu_sharing,
-            priority=profile.priority,
-            node_name=placement.node,
+            priority=priority,
+            device=placed,
+            gpu_memory_mib=self._gpu_memory_mib(placement),
             priority_classes={p: v[0] for p, v in self.priority_classes.items()},
-            # the pod asks for the device the allocator counted the share on
-            mig_profile=device.mig_profile if device is not None else None,
-            share_milli=placement.gpus[0].milli if device is not None else 0,
+            inventory=self.node_inventory(placement.node),
         )
+
+    @property
+    def job_python(self) -> str:
+        """The image's Python that runs a job's wrapper and its .py scripts: the one that
+        prepares the server's home (`workspace_prepare_command`), which has gpulab installed,
+        as the job wrapper needs; python3 when that command is off."""
+        command = list(self.workspace_prepare_command)
+        return str(command[0]) if command else "python3"
+
+    def placed_job_pod(self, profile: Profile, placement: Placement) -> PlacedPod:
+        """The pod side of a job's placement, as a server's on it (the job's own priority: a
+        preemptible job may run on an on-demand profile)."""
+        return self._placed_pod(profile, placement, placement.request.priority)
+
+    def _apply_placement(self, profile: Profile, placement: Placement) -> None:
+        pod = self._placed_pod(profile, placement, profile.priority)
+        spec = pod.gpu
         self.extra_resource_limits = {**self.extra_resource_limits, **spec.limits}
         self.extra_resource_guarantees = {**self.extra_resource_guarantees, **spec.limits}
         self.node_affinity_required = [
@@ -317,24 +319,7 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
                 *self._sorted_dict_values(self.pod_affinity_preferred),
                 *related_pod_affinity(safe_label_value(group)),
             ]
-        placed = device or (
-            self.gpu_capacity.gpu_by_uuid(placement.gpus[0].uuid) if placement.gpus else None
-        )
-        self.environment = {
-            **self.environment,
-            PROFILE_ENV: profile.slug,
-            ISOLATION_ENV: spec.isolation,
-            GPU_SHARING_ENV: self.gpu_sharing if profile.gpu_milli else "",
-            **share_environment(
-                sharing=self.gpu_sharing,
-                model=placed.model if placed is not None else "",
-                taken_milli=sum(s.milli for s in placement.gpus),
-                device_memory_mib=self._gpu_memory_mib(placement),
-                fractional=bool(profile.gpu_milli),
-                mig_profile=placed.mig_profile if placed is not None else None,
-                inventory=self.node_inventory(placement.node),
-            ),
-        }
+        self.environment = {**self.environment, **pod.environment}
         self.gpulab_enforcement = self.describe_enforcement(
             [AssignedGPU(s.uuid, "", 0, s.milli) for s in placement.gpus]
         )
@@ -469,6 +454,108 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
             # stop() for a pod whose server exited, e.g. while it was being preempted)
             reason = self._interruption(await self.gpu_state())
             await self.snapshot_workspace(label=reason or "on-stop")
+
+    # -- GPU jobs --------------------------------------------------------------------------------
+
+    @classmethod
+    def job_executor(
+        cls,
+        *,
+        runs_dir: str,
+        gpu_of: Callable[[str], Any],
+        spawner_for: Callable[[str], Awaitable[Any]],
+    ) -> Any:
+        """The job executor of this backend (`gpulab.hub.jobservice.RunsJobs`): each attempt a
+        `batch/v1` Job in the owner's namespace, with her servers' identity, home claim and
+        NetworkPolicy rules (`gpulab.spawner.kube.jobs`)."""
+        from gpulab.spawner.kube.jobs import KubeJobError, KubeJobExecutor
+
+        async def kube_spawner_for(owner: str) -> Any:
+            spawner = await spawner_for(owner)
+            if spawner.profile_list or not spawner.workspaces_enabled:
+                raise KubeJobError(
+                    "GPU jobs on Kubernetes need gpulab's profiles and a home claim per user "
+                    "(GPUKubeSpawner.checkpoints, no profile_list): a job reads and writes the "
+                    "home its owner's server mounts"
+                )
+            return spawner
+
+        # gpu_of is not needed: the spawner maps a placement's GPUs as for her servers
+        return KubeJobExecutor(runs_dir=runs_dir, spawner_for=kube_spawner_for)
+
+    # -- Dask clusters ---------------------------------------------------------------------------
+
+    async def dask_target(self) -> Any:
+        """What the Dask executor needs of this user's backend (`gpulab.spawner.kube.dask`):
+        the hub's client, her namespace, image, uid and hardening (as her servers' and jobs'),
+        the hub's addresses for the clusters' NetworkPolicy, her profiles and the pod side of a
+        placement (as a job's)."""
+        from gpulab.spawner.kube.dask import KubeDaskTarget
+        from gpulab.spawner.kube.dask_objects import KubeDaskSettings
+
+        await self.gpu_state()  # the cluster view the placed pods' devices come from
+
+        async def resolved(value: Any) -> Any:
+            if callable(value):
+                value = value(self)
+                if asyncio.iscoroutine(value):
+                    value = await value
+            return value
+
+        settings = KubeDaskSettings(
+            namespace=self.namespace,
+            image=self.image,
+            python=self.job_python,
+            uid=await resolved(self.uid),
+            gid=await resolved(self.gid),
+            fs_gid=await resolved(self.fs_gid),
+            run_as_non_root=self.run_as_non_root,
+            seccomp=self.seccomp_profile,
+            drop_capabilities=tuple(self.drop_capabilities),
+            termination_grace_seconds=int(self.delete_grace_period),
+            image_pull_policy=self.image_pull_policy or None,
+            labels=dict(self.common_labels),
+            hub_selector=dict(self.network_policy_hub_labels),
+            hub_cidrs=tuple(self.network_policy_hub_cidrs),
+            allow_internet=self.network_policy_allow_internet,
+            cloud_metadata_ip=self.cloud_metadata_ip,
+        )
+        classes = {p: str(v[0]) for p, v in self.priority_classes.items()}
+        return KubeDaskTarget(
+            api_client=self.api.api_client,
+            settings=settings,
+            profile=self.gpu_capacity.profile,
+            placed_pod=self.placed_job_pod,
+            priority_class=lambda priority: classes.get(priority, ""),
+            node_failure_seconds=float(self.node_failure_seconds),
+            start_timeout=float(self.start_timeout),
+        )
+
+    @classmethod
+    def dask_executor(
+        cls,
+        *,
+        state_dir: str,
+        gpu_of: Callable[[str], Any],
+        spawner_for: Callable[[str], Awaitable[Any]],
+    ) -> Any:
+        """The Dask executor of this backend (`gpulab.hub.daskservice.RunsDaskClusters`): each
+        cluster a DaskCluster and one DaskWorkerGroup per worker in the owner's namespace, made
+        into pods by the dask-kubernetes operator (`gpulab.spawner.kube.dask`)."""
+        from gpulab.spawner.kube.dask import KubeDaskError, KubeDaskExecutor
+
+        async def target_for(owner: str) -> Any:
+            spawner = await spawner_for(owner)
+            if spawner.profile_list:
+                raise KubeDaskError(
+                    "Dask clusters on Kubernetes need gpulab's profiles (no profile_list): each "
+                    "worker is admitted on a profile's share"
+                )
+            return await spawner.dask_target()
+
+        # state_dir and gpu_of are not needed: the objects live in the cluster, and the spawner
+        # maps a placement's GPUs as for her servers
+        return KubeDaskExecutor(target_for=target_for)
 
     # -- state -----------------------------------------------------------------------------------
 

@@ -24,43 +24,17 @@ from gpulab.hub.allocator import (
     Placement,
     Request,
 )
-from gpulab.hub.allocator.store import request_from_dict, request_to_dict
 from gpulab.spawner.kube.gpu_resources import MIG
 from gpulab.spawner.kube.nodes import inventory_from_nodes, node_is_ready, node_is_tainted
+from gpulab.spawner.kube.objects import placement_from_pod
 from gpulab.spawner.kube.reflector import WatchCache, object_key
 from gpulab.spawner.names import (
     GPU_RESOURCE,
     HAMI_MEMORY_RESOURCE,
     HAMI_REGISTER_ANNOTATION,
     MIG_RESOURCE_PREFIX,
-    PLACEMENT_ANNOTATION,
     SHARED_GPU_RESOURCE,
 )
-
-
-def placement_annotation(placement: Placement) -> str:
-    return json.dumps(
-        {
-            "request": request_to_dict(placement.request),
-            "node": placement.node,
-            "gpus": [[s.uuid, s.milli] for s in placement.gpus],
-            "created_at": placement.created_at,
-        },
-        sort_keys=True,
-    )
-
-
-def placement_from_pod(pod: dict[str, Any]) -> Placement | None:
-    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(PLACEMENT_ANNOTATION)
-    if not raw:
-        return None
-    data = json.loads(raw)
-    return Placement(
-        request=request_from_dict(data["request"]),
-        node=data["node"],
-        gpus=tuple(GpuShare(u, int(m)) for u, m in data["gpus"]),
-        created_at=float(data["created_at"]),
-    )
 
 
 def _pod_is_live(pod: dict[str, Any]) -> bool:

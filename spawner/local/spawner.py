@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
@@ -307,6 +308,62 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
     async def progress(self) -> Any:
         async for event in self.gpulab_progress():
             yield event
+
+    @classmethod
+    def job_executor(
+        cls,
+        *,
+        runs_dir: str,
+        gpu_of: Callable[[str], Any],
+        spawner_for: Callable[[str], Awaitable[Any]],
+    ) -> Any:
+        """The job executor of the embedded default (`gpulab.hub.jobservice.RunsJobs`): a job's
+        attempts run as its owner's account, as her servers do, with paths relative to her
+        default server's home (what JupyterLab shows her). Never as the hub's account: where
+        servers share it (server_accounts = 'hub') jobs are refused, since nothing would keep
+        one user's job from another's files."""
+        from gpulab.spawner.local.jobs import JobRunnerError, LocalJobExecutor, LocalJobRunner
+
+        workspace_for = _owner_workspace(spawner_for, JobRunnerError, "jobs")
+        return LocalJobExecutor(LocalJobRunner(runs_dir), workspace_for, gpu_of)
+
+    @classmethod
+    def dask_executor(
+        cls,
+        *,
+        state_dir: str,
+        gpu_of: Callable[[str], Any],
+        spawner_for: Callable[[str], Awaitable[Any]],
+    ) -> Any:
+        """The Dask executor of the embedded default (`gpulab.hub.daskservice.RunsDaskClusters`):
+        a cluster's scheduler and workers run as its owner's account, as her servers and jobs do.
+        Never as the hub's account: where servers share it (server_accounts = 'hub') clusters
+        are refused, since a cluster runs any code its clients send, with the hub's files at
+        hand."""
+        from gpulab.spawner.local.dask import DaskExecutorError, LocalDaskExecutor
+
+        workspace_for = _owner_workspace(spawner_for, DaskExecutorError, "Dask clusters")
+        return LocalDaskExecutor(state_dir, workspace_for, gpu_of)
+
+
+def _owner_workspace(
+    spawner_for: Callable[[str], Awaitable[Any]], error: type[Exception], what: str
+) -> Callable[[str], Awaitable[tuple[SystemAccount, str]]]:
+    """The owner's system account (made where needed, as for her servers) and her default
+    server's home (what JupyterLab shows her); ``error`` where servers share the hub's own
+    account, since nothing would keep one user's processes from another's files."""
+
+    async def workspace_for(owner: str) -> tuple[SystemAccount, str]:
+        spawner = await spawner_for(owner)
+        if spawner.server_runs_as_hub():
+            raise error(
+                "servers share the hub's own account on this hub (server_accounts = 'hub'): "
+                f"{what} need an account per user"
+            )
+        account = await spawner.workspace_account(create=True)
+        return account, str(spawner.workspace_home_dir())
+
+    return workspace_for
 
 
 class GPULocalSpawner(GPULocalSpawnerMixin, LocalProcessSpawner):

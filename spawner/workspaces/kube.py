@@ -40,11 +40,14 @@ from gpulab.spawner.kube.objects import (
     CHECKPOINT_KEY_DIR,
     CHECKPOINT_KEY_FIELD,
     CHECKPOINT_KEY_VOLUME,
+    HOME_VOLUME,
     checkpoint_key_mount,
     checkpoint_key_secret_manifest,
     checkpoint_key_volume,
     dns_name,
+    home_mount,
     home_pvc_manifest,
+    home_volume,
     snapshot_name,
     timestamp_slug,
     volume_snapshot_manifest,
@@ -68,7 +71,6 @@ from gpulab.spawner.workspaces.schedule import SCHEDULED
 
 #: the key's file in the Secret volume (the Secret's field is projected under this name)
 KEY_FILE = f"{CHECKPOINT_KEY_DIR}/{CHECKPOINT_KEY_FIELD}"
-HOME_VOLUME = "gpulab-home"
 PREEMPTED, NODE_LOST = "preempted", "node-lost"
 
 
@@ -211,9 +213,7 @@ class KubeWorkspaceMixin(WorkspaceSpawnerMixin):
         volumes = list(self._sorted_dict_values(self.volumes))  # a copy: never the config's list
         names = {v.get("name") for v in volumes}
         if HOME_VOLUME not in names:
-            volumes.append(
-                {"name": HOME_VOLUME, "persistentVolumeClaim": {"claimName": "{pvc_name}"}}
-            )
+            volumes.append(home_volume("{pvc_name}"))  # KubeSpawner expands {pvc_name}
         if CHECKPOINT_KEY_VOLUME not in names:
             volumes.append(
                 checkpoint_key_volume(
@@ -224,7 +224,7 @@ class KubeWorkspaceMixin(WorkspaceSpawnerMixin):
         mounts = list(self._sorted_dict_values(self.volume_mounts))
         mounted = {m.get("name") for m in mounts}
         if HOME_VOLUME not in mounted:
-            mounts.append({"name": HOME_VOLUME, "mountPath": self.workspace_home})
+            mounts.append(home_mount(self.workspace_home))
         if CHECKPOINT_KEY_VOLUME not in mounted:
             mounts.append(checkpoint_key_mount())
         self.volume_mounts = mounts

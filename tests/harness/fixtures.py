@@ -5,12 +5,16 @@ Tiers. A test's tier is the most expensive real thing it starts, and it starts r
 through the fixtures below, so the tier is read from the fixtures it requests (directly or through
 other fixtures: pytest's fixture closure) and never written by hand:
 
-    make_hub, make_module_hub, make_lab_server   -> marker `e2e`      (real server processes)
+    make_hub, make_module_hub, make_lab_server,
+    postgres                                     -> marker `e2e`      (real server processes)
     page                                         -> marker `browser`  (Chromium)
     dev_cluster, make_dev_cluster, kube, kube_ns -> marker `kube`     (a dev cluster)
     none of them                                 -> unit (no marker)
 
-A test gets the marker of every such fixture it requests (a browser test also starts a hub, so it is
+A fixture parametrized over such fixtures' names, which requests the one its parameter names with
+`request.getfixturevalue(request.param)` (a store tested on SQLite and on PostgreSQL), counts as
+requesting that one: pytest's closure cannot see a fixture requested at run time, so the plugin
+reads the parameter. A test gets the marker of every such fixture it requests (a browser test also starts a hub, so it is
 `e2e` and `browser`; a GPUKubeSpawner test is `e2e` and `kube`), and its tier is the most expensive
 one: kube > browser > e2e > unit. So `-m kube` is exactly the tests that start a dev cluster
 (`bash .ci/dev test` runs them apart) and `-m "not e2e and not kube and not browser"` the unit tier.
@@ -39,8 +43,10 @@ from tests.harness.tiers import take_started
 # loads for every test run, and a unit run needs none of them installed.
 if TYPE_CHECKING:
     from gpulab.devcluster import DevCluster, NodeSpec
+    from gpulab.spawner.local.accounts import SystemAccount
     from tests.harness.kube import Kube
     from tests.harness.labserver import LabServer
+    from tests.harness.postgres import PostgresServer
 
 # Hypothesis' per-example deadline is a timing assertion: on a loaded 2-core machine it fails tests
 # whose logic is fine. Properties are about correctness only here.
@@ -52,6 +58,7 @@ TIER_MARKERS = {
     "make_hub": "e2e",
     "make_module_hub": "e2e",
     "make_lab_server": "e2e",
+    "postgres": "e2e",
     "page": "browser",
     "dev_cluster": "kube",
     "make_dev_cluster": "kube",
@@ -61,7 +68,11 @@ TIER_MARKERS = {
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        for name in getattr(item, "fixturenames", ()):
+        names = list(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None:  # fixtures requested by a parametrized fixture (module doc)
+            names += [v for v in callspec.params.values() if isinstance(v, str)]
+        for name in names:
             marker = TIER_MARKERS.get(name)
             if marker is not None and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
@@ -170,6 +181,39 @@ def make_lab_server(tmp_path: Path) -> Iterator[Callable[..., LabServer]]:
     yield make
     for server in servers:
         server.stop()
+
+
+# -- system accounts -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def make_account() -> Iterator[Callable[[str], SystemAccount]]:
+    """Real system accounts in the reserved uid range, each with a home of its own
+    (`make_account("alice")`), for processes run as users without a hub; what runs as them is
+    killed and they are removed at teardown. Skipped unless the tests run as root."""
+    import os
+
+    from tests.harness.accounts import TestAccounts
+
+    if os.geteuid() != 0:
+        pytest.skip("system accounts need root")
+    accounts = TestAccounts()
+    yield accounts.make
+    accounts.close()
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session (each xdist worker has its own, on its own port);
+    `postgres.new_database()` gives a test an empty database's URL. Debian's binaries, installed
+    with apt-get when missing and running as root; stopped at the end of the session."""
+    from tests.harness.postgres import running_postgres
+
+    with running_postgres() as server:
+        yield server
 
 
 # -- browsers ------------------------------------------------------------------------------------

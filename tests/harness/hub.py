@@ -207,7 +207,8 @@ class Hub:
                     return
                 raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
             try:
-                if httpx.get(f"{self.url}/hub/api/", timeout=2).status_code == 200:
+                # up, and ours: another hub answering on this port would refuse our token
+                if self.client.get("/user", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpulab.devcluster import DevCluster
+from gpulab.devcluster.agent import podnet
 from gpulab.spawner.names import PUSH_URL_ENV
 from gpulab.spawner.workspaces.kube import KEY_FILE as CHECKPOINT_KEY_FILE
 from tests.harness.hub import Hub, run_in_kernel
@@ -269,10 +270,15 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
     cluster_state = json.loads((cluster.state_dir / "cluster.json").read_text())
     control = json.loads((agent / "control.json").read_text())
     # A pod has a network namespace of its own: the host's 127.0.0.1 is out of its reach, so it
-    # tries the host's services where it can reach the host, at the host's address on the pod
-    # network and at its node's address (its gateway). Each target is first shown to answer
-    # from outside the pod, on any of the host's addresses (most listen on 127.0.0.1 only).
-    host, gateway = cluster.host_address, _pod_of(cluster, ATTACKER)["status"]["hostIP"]
+    # tries the host's services where it can reach the host, at the host's address on the
+    # cluster's network, and the nodes' services at their addresses (its node's kubelet API,
+    # kube-proxy's health port). Each target is first shown to answer from outside the pod, on
+    # any of the host's addresses (most listen on 127.0.0.1 only).
+    host = cluster.host_address
+    kube_proxy_health = (
+        podnet.uplink_address(cluster_state["network_octet"]),
+        cluster_state["ports"]["kube_proxy_health"],
+    )
     # a service of this machine on every address (as a node's sshd or node-exporter would be):
     # what only the NetworkPolicy keeps pods from
     every_address = socket.create_server(("0.0.0.0", 0))
@@ -284,7 +290,7 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
         "etcd (every Secret, unauthenticated)": (host, cluster_state["ports"]["etcd"]),
         "node agent control API": (host, control["port"]),
         "a host service on every address, at the host address": (host, any_port),
-        "a host service on every address, at the pod's gateway": (gateway, any_port),
+        "kube-proxy's health port, on the nodes' network": kube_proxy_health,
         # exec into any pod, were it not for the NetworkPolicy and the client certificate it needs
         "her node's kubelet API": (attacker_pod["status"]["hostIP"], 10250),
     }

@@ -7,8 +7,9 @@ outside pytest, the benchmarks, catch it as one).
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -35,3 +36,17 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise WaitTimeout(_message(what, timeout, last))
         time.sleep(interval)
+
+
+async def wait_for_async(
+    what: str, check: Callable[[], Awaitable[T | None]], timeout: float = 60, interval: float = 0.2
+) -> T:
+    """`wait_for` for a coroutine check, from async code (the event loop keeps running)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = await check()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(_message(what, timeout, last))
+        await asyncio.sleep(interval)

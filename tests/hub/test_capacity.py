@@ -59,6 +59,17 @@ def test_reconcile_releases_allocations_no_server_owns(tmp_path):
     assert cap.reconcile(set()) == []  # once per hub process
 
 
+def test_reconcile_keeps_what_another_owner_holds(tmp_path):
+    """The job service's runs hold allocations no server has: reconciliation keeps those."""
+    cap = _capacity(tmp_path)
+    cap.allocator.place(Request("alice/job-7", owner="alice", gpu_milli=250))
+    cap.allocator.place(Request("alice/job-8", owner="alice", gpu_milli=250))  # its run ended
+    cap.keep_allocations(lambda: {"alice/job-7"})
+    orphans = cap.reconcile(set())
+    assert [p.request.id for p in orphans] == ["alice/job-8"]
+    assert [p.request.id for p in cap.allocator.allocations()] == ["alice/job-7"]
+
+
 def test_allocations_persist_across_capacity_instances(tmp_path):
     cap = _capacity(tmp_path)
     placed = cap.allocator.place(Request("alice/", owner="alice", num_gpu=1))

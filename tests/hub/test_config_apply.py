@@ -8,9 +8,12 @@ workspaces page and the checks in front of JupyterHub's server handlers must all
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -26,8 +29,9 @@ from gpulab.hub.config import (
     authenticator_class,
     with_hub_hooks,
 )
+from gpulab.hub.daskservice.hub import post_stop_hook
 from gpulab.hub.handlers.servers import server_handler_overrides
-from gpulab.hub.scopes import ALLOCATIONS_READ
+from gpulab.hub.scopes import ALLOCATIONS_READ, DASK
 from tests.harness.hub import REPO, merged
 
 JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
@@ -61,7 +65,50 @@ def test_apply_adds_the_templates_and_custom_scopes_after_the_admins_own() -> No
     apply(c)
     apply(c)
     assert c.JupyterHub.template_paths == ["/srv/own-templates", str(TEMPLATES)]
-    assert set(c.JupyterHub.custom_scopes) == {"custom:own:thing", ALLOCATIONS_READ}
+    assert set(c.JupyterHub.custom_scopes) == {"custom:own:thing", ALLOCATIONS_READ, DASK}
+
+
+def test_servers_tokens_get_the_job_scopes_on_their_owner_unless_the_admin_chose() -> None:
+    c = Config()
+    apply(c)
+    assert c.Spawner.server_token_scopes == [
+        "access:servers!server",
+        "users:activity!user",
+        "read:servers!user",
+        "servers!user",
+        "custom:gpulab:dask!user",
+    ]
+    own = Config()
+    own.Spawner.server_token_scopes = ["access:servers!server", "users:activity!user"]
+    apply(own)
+    assert own.Spawner.server_token_scopes == ["access:servers!server", "users:activity!user"]
+
+
+def test_every_user_manages_her_dask_clusters_and_a_stopped_server_stops_its_own() -> None:
+    c = Config()
+    c.JupyterHub.extra_user_scopes = ["read:groups"]
+    apply(c)
+    apply(c)  # nothing twice
+    assert c.JupyterHub.extra_user_scopes == ["read:groups", f"{DASK}!user"]
+    assert c.Spawner.post_stop_hook is post_stop_hook
+    # an admin's own hook runs too, first
+    calls: list[str] = []
+    own = Config()
+    own.Spawner.post_stop_hook = lambda spawner: calls.append(spawner)
+    apply(own)
+    apply(own)
+    hook = own.Spawner.post_stop_hook
+    assert hook is not post_stop_hook and getattr(hook, "gpulab_dask", False)
+    # no hub runs here: the cluster service is not there, and a server's stop goes on anyway
+    spawner = SimpleNamespace(
+        config=Config(GPUDask={"enabled": False}),
+        log=logging.getLogger("test"),
+        user=SimpleNamespace(name="alice"),
+        name="",
+        _log_name="alice",
+    )
+    asyncio.run(hook(spawner))
+    assert calls == [spawner]
 
 
 def test_help_all_lists_every_gpulab_configurable_class(tmp_path: Path) -> None:

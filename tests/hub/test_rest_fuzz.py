@@ -165,6 +165,8 @@ def test_the_description_names_every_gpulab_rest_route() -> None:
         + path.replace("{user}", "([^/]+)")
         .replace("{server}", "([^/]+)")
         .replace("{snapshot}", "([^/]+)")
+        .replace("{run}", "([^/]+)")
+        .replace("{cluster}", "([^/]+)")
         for path in paths
     }
     # every REST route of hub/apihandlers/ (the HTML workspaces page is in hub/handlers/)

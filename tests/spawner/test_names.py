@@ -18,6 +18,8 @@ ALLOWED_LITERALS: dict[str, set[str]] = {
     # the hub's own launch settings: set by a person or by the `gpulab` CLI (hub/cli.py) for the
     # hub's config; no spawner writes them and no server reads them
     "hub/cli.py": {"GPULAB_STATE_DIR", "GPULAB_IP", "GPULAB_PORT", "GPULAB_CONFIG"},
+    # `gpulab job`'s own settings, read from a person's shell or CI; no hub or server sets them
+    "hub/cli_jobs.py": {"GPULAB_HUB_URL", "GPULAB_TOKEN"},
     "hub/jupyterhub_config.py": {
         "GPULAB_IP",
         "GPULAB_PORT",

@@ -2,13 +2,16 @@
  * jupyterlab-gpulab: gpulab's JupyterLab extension.
  *
  * Each feature lives in its own folder and exports its plugins; this file only lists them.
- * Today: the GPU monitor (`monitor/`). Job submission and the Dask panel will join here.
+ * Today: the GPU monitor (`monitor/`), the GPU jobs panel (`jobs/`) and the "New GPU cluster"
+ * dialog (`dask/`; dask-labextension's sidebar lists the clusters).
  */
 import { JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { daskPlugin } from './dask/plugin';
+import { jobsPlugin } from './jobs/plugin';
 import { monitorPlugin, statusPlugin } from './monitor/plugin';
 
 export { IGpuMonitor } from './monitor/token';
 
-const plugins: JupyterFrontEndPlugin<any>[] = [monitorPlugin, statusPlugin];
+const plugins: JupyterFrontEndPlugin<any>[] = [monitorPlugin, statusPlugin, jobsPlugin, daskPlugin];
 
 export default plugins;

@@ -107,3 +107,20 @@ def test_victims_must_free_cpu_too(make_node):
     alloc.place(spot("cpu-hog", cpu_milli=9000))
     victims = alloc.propose_preemption(Request("od", num_gpu=1, cpu_milli=5000))
     assert [v.id for v in victims] == ["cpu-hog"]
+
+
+def test_only_evictable_placements_are_victims(make_node):
+    inv = Inventory([make_node("n1", gpus=2)])
+    alloc = clocked(inv)
+    alloc.place(spot("ann/job-1", num_gpu=1))
+    alloc.place(spot("ann/", num_gpu=1))  # younger, so the cheaper victim when all may go
+    assert [v.id for v in alloc.propose_preemption(Request("od", num_gpu=1))] == ["ann/"]
+
+    def jobs_only(p):
+        return "/job-" in p.request.id
+
+    placement, victims = alloc.preempt_and_place(Request("od", num_gpu=1), jobs_only)
+    assert [v.id for v in victims] == ["ann/job-1"]
+    assert {p.request.id for p in alloc.allocations()} == {"ann/", "od"}
+    with pytest.raises(NoCapacity):  # what is left is no job: nothing may be evicted
+        alloc.preempt_and_place(Request("od2", num_gpu=1), jobs_only)

@@ -157,6 +157,11 @@ def test_related_pods_prefer_one_rack_then_one_zone():
     assert len(safe_label_value("x" * 100)) == 63
 
 
+def test_a_label_value_is_ascii_whatever_the_username():
+    # the API server refuses a non-ASCII label value, and with it the pod that carries it
+    assert safe_label_value("ådä@example.org") == "d--example.org"
+
+
 # -- workspace volumes ---------------------------------------------------------------------------
 
 DAY = 86400.0

@@ -1,0 +1,194 @@
+"""Dask clusters in the lab, through a real hub and real servers: dask-labextension's API in a
+user's server answers from the hub (gpulab's manager), the "New GPU cluster" endpoint passes the
+hub's refusals on word for word, and in a real browser the dialog creates a cluster that the
+Dask sidebar lists and whose dashboard pane opens through the hub."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from traitlets.config import Config
+
+from tests.harness.browser import log_in_as_admin
+from tests.harness.hub import Hub, merged
+from tests.harness.jobs import INVENTORY
+from tests.harness.labserver import EXTENSION_SRC
+
+pytestmark = pytest.mark.slow
+
+
+def _missing() -> str | None:
+    for module in ("jupyterlab_gpulab", "dask_labextension"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed in this venv (bash .ci/dev setup installs it)"
+    return None
+
+
+def dask_overlay(**capacity: Any) -> Config:
+    overlay = Config()
+    overlay.Spawner.environment.update({"PYTHONPATH": str(EXTENSION_SRC)})
+    if capacity:
+        overlay.GPUCapacity.update(capacity)
+    return merged(INVENTORY, overlay)
+
+
+def lab(hub: Hub, user: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=f"{hub.url}/user/{user}",
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=60,
+    )
+
+
+def until_state(hub: Hub, user: str, number: int, *states: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        r = hub.api("GET", f"/gpulab/users/{user}/dask-clusters/{number}")
+        assert r.status_code == 200, r.text
+        if r.json()["state"] in states or time.monotonic() > deadline:
+            assert r.json()["state"] in states, r.json()
+            return dict(r.json())
+        time.sleep(0.3)
+
+
+@pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+def test_the_servers_dask_api_answers_from_the_hub(make_hub: Any) -> None:
+    hub = make_hub(dask_overlay(default_user_quota_gpus=1))
+    hub.create_user("alice")
+    hub.start_server("alice", profile="cpu")
+    client = lab(hub, "alice")
+    r = client.get("/dask/clusters")
+    assert r.status_code == 200 and r.json() == [], r.text
+    # the dialog's endpoint: a field it does not know, named; the hub's quota refusal, verbatim
+    r = client.post("/gpulab/dask/clusters", json={"profile": "gpu-1", "gpus": 3})
+    assert r.status_code == 400 and r.json()["message"].startswith("gpus:"), r.text
+    r = client.post("/gpulab/dask/clusters", json={"profile": "gpu-1", "n_workers": 3})
+    assert r.status_code == 403, r.text
+    direct = hub.api(
+        "POST", "/gpulab/users/alice/dask-clusters", json={"profile": "gpu-1", "n_workers": 3}
+    )
+    assert direct.status_code == 403 and r.json()["message"] == direct.json()["message"]
+    # a cluster made through the server is the hub's, recorded as this server's
+    r = client.post(
+        "/gpulab/dask/clusters",
+        json={"profile": "gpu-quarter", "n_workers": 1, "name": "side", "keep_alive": False},
+    )
+    assert r.status_code == 201, r.text
+    model = r.json()
+    assert model["name"] == "side" and model["id"] == f"00000000-0000-0000-0000-{1:012d}"
+    running = until_state(hub, "alice", model["hub_id"], "running")
+    assert running["server"] == ""
+    # the sidebar's list: the hub's cluster, with its workers once connected
+    deadline = time.monotonic() + 60
+    while True:
+        listed = {c["name"]: c for c in client.get("/dask/clusters").json()}
+        if listed.get("side", {}).get("cores", 0) >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert listed["side"]["workers"] == 1 and listed["side"]["cores"] >= 1, (
+        listed,
+        [ln for ln in hub.log().splitlines() if "gpulab dask" in ln or "Error" in ln][-20:],
+    )
+    assert listed["side"]["dashboard_link"].endswith("/hub/gpulab/dask/alice/1/dashboard/status")
+    # its dashboard check reaches the hub's dashboard with the server's token
+    # (the sidebar sends it as encodeURIComponent does)
+    check = client.get("/dask/dashboard-check/" + quote(listed["side"]["dashboard_link"], safe=""))
+    assert check.status_code == 200 and check.json()["isActive"], check.text
+    assert any("Task Stream" in name for name in check.json()["plots"]), check.json()
+    # the sidebar's own dashboard proxy (its panes, once the cluster is clicked) reaches it too
+    plots = client.get(f"/dask/dashboard/{model['id']}/individual-plots.json")
+    assert plots.status_code == 200 and any("Task Stream" in n for n in plots.json()), plots.text
+    # another user's server sees none of it: her list is hers, and its proxy (whose token
+    # names bob alone) gets the hub's refusal for alice's cluster number
+    hub.create_user("bob")
+    hub.start_server("bob", profile="cpu")
+    bob = lab(hub, "bob")
+    assert bob.get("/dask/clusters").json() == []
+    stolen = bob.get(f"/dask/dashboard/{model['id']}/individual-plots.json")
+    assert stolen.status_code in (403, 404), stolen.text
+    assert "Task Stream" not in stolen.text
+    # the sidebar's shutdown stops it in the hub
+    r = client.delete(f"/dask/clusters/{model['id']}")
+    assert r.status_code == 204, r.text
+    assert until_state(hub, "alice", 1, "stopped")["state"] == "stopped"
+
+
+@pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+def test_new_gpu_cluster_dialog_sidebar_and_dashboard_pane(make_hub: Any, page: Any) -> None:
+    hub = make_hub(dask_overlay())
+    log_in_as_admin(page, hub)
+    page.check("#profile-cpu")
+    page.click("form button[type=submit], form input[type=submit]")
+    page.wait_for_url("**/user/admin/lab**", timeout=90_000)
+    page.wait_for_selector(".jp-LabShell", timeout=60_000)
+    # "New GPU Cluster…" from the palette: a GPU profile, one worker, a name
+    page.keyboard.press("Control+Shift+C")
+    palette = page.locator(".lm-CommandPalette-input")
+    palette.wait_for(state="visible")
+    palette.fill("New GPU Cluster")
+    page.locator(".lm-CommandPalette-item", has_text="New GPU Cluster").first.click()
+    form = page.locator("[data-testid=gpulab-dask-form]")
+    form.wait_for(timeout=30_000)
+    page.select_option("[data-testid=gpulab-dask-profile]", "gpu-quarter")
+    page.fill("[data-testid=gpulab-dask-workers]", "1")
+    page.fill("[data-testid=gpulab-dask-name]", "from-dialog")
+    page.get_by_role("button", name="Create").click()
+    form.wait_for(state="detached", timeout=30_000)
+    # made by the hub (the dialog has closed; its request may still be on its way)
+    deadline = time.monotonic() + 30
+    while not (clusters := hub.api("GET", "/gpulab/users/admin/dask-clusters").json()["clusters"]):
+        assert time.monotonic() < deadline, "the dialog made no cluster"
+        time.sleep(0.3)
+    (cluster,) = clusters
+    assert cluster["name"] == "from-dialog" and cluster["profile"] == "gpu-quarter"
+    until_state(hub, "admin", cluster["id"], "running")
+    # the Dask sidebar (opened by the dialog) lists it
+    item = page.locator(".dask-ClusterListingItem", has_text="from-dialog")
+    item.wait_for(timeout=60_000)
+    item.click()  # its dashboard becomes the sidebar's
+    task_stream = page.locator(".dask-DashboardListing-item button", has_text="Task Stream")
+    task_stream.wait_for(timeout=60_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.dask-DashboardListing-item button')]"
+        ".some(b => b.textContent.includes('Task Stream') && !b.disabled)",
+        timeout=60_000,
+    )
+    task_stream.click()
+    frame = page.locator(".jp-MainAreaWidget iframe").last
+    frame.wait_for(timeout=30_000)
+    src = frame.get_attribute("src") or ""
+    # dask-labextension's proxy in this server, which asks the hub; no token in the page
+    assert "/user/admin/dask/dashboard/" in src and "token" not in src, src
+    # Bokeh's pane renders inside: its scripts and websocket come from the hub's own paths,
+    # with the browser's login cookie
+    frame.content_frame.locator(".bk-Canvas, canvas, .bk-root, div.bk").first.wait_for(
+        timeout=60_000
+    )
+    r = hub.api("DELETE", f"/gpulab/users/admin/dask-clusters/{cluster['id']}")
+    assert r.status_code == 200 and r.json()["state"] == "stopped", r.text
+
+
+@pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+def test_the_sidebars_new_makes_a_cluster_of_the_default_gpu_profile(make_hub: Any) -> None:
+    """dask-labextension's "+NEW" (PUT dask/clusters, no body) goes through the factory:
+    GPUCluster on the owner's first GPU profile (her server's own gives none), made by the hub
+    and kept when the server's manager lets go of it."""
+    hub = make_hub(dask_overlay())
+    hub.create_user("alice")
+    hub.start_server("alice", profile="cpu")
+    client = lab(hub, "alice")
+    r = client.put("/dask/clusters")
+    assert r.status_code == 200, r.text
+    model = r.json()
+    (cluster,) = hub.api("GET", "/gpulab/users/alice/dask-clusters").json()["clusters"]
+    assert model["hub_id"] == cluster["id"] and cluster["state"] == "running"
+    gpu_profiles = [s for s, p in hub.capacity().items() if p["gpus"] != "CPU only"]
+    assert cluster["profile"] == gpu_profiles[0], (cluster, gpu_profiles)
+    r = client.delete(f"/dask/clusters/{model['id']}")
+    assert r.status_code == 204, r.text
+    assert until_state(hub, "alice", cluster["id"], "stopped")["state"] == "stopped"

@@ -1,0 +1,61 @@
+/**
+ * "Submit as GPU job…": the open script (or notebook) on a GPU profile picked from the user's
+ * profiles with what is free now and her remaining quota. jupyter-scheduler's form covers
+ * notebooks only; this covers `.py` and `.sh` scripts, with their command-line arguments.
+ */
+import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+import { IProfileChoice, IRun, listProfiles, submitFile } from './api';
+
+export const SUBMITTABLE = /\.(py|sh|ipynb)$/;
+
+class SubmitForm extends Widget {
+  constructor(path: string, profiles: IProfileChoice[], quota: string | null) {
+    super();
+    this.addClass('gpulab-submit-form');
+    this.node.dataset.testid = 'gpulab-submit-form';
+    const what = document.createElement('p');
+    what.textContent = `Run ${path} as a GPU job, outside this server.`;
+    this._profile = document.createElement('select');
+    this._profile.className = 'jp-mod-styled';
+    this._profile.dataset.testid = 'gpulab-submit-profile';
+    for (const p of profiles) {
+      this._profile.append(new Option(p.label, p.slug));
+    }
+    const gpu = profiles.find(p => p.gpu);
+    if (gpu) {
+      this._profile.value = gpu.slug;
+    }
+    const quotaLine = document.createElement('p');
+    quotaLine.textContent = quota ?? '';
+    this._args = document.createElement('input');
+    this._args.className = 'jp-mod-styled';
+    this._args.placeholder = 'arguments (space-separated), e.g. --epochs 3';
+    this._args.dataset.testid = 'gpulab-submit-args';
+    this._args.disabled = path.endsWith('.ipynb');
+    this.node.append(what, this._profile, quotaLine, this._args);
+  }
+
+  getValue(): { profile: string; args: string[] } {
+    const args = this._args.value.trim();
+    return { profile: this._profile.value, args: args ? args.split(/\s+/) : [] };
+  }
+
+  private readonly _profile: HTMLSelectElement;
+  private readonly _args: HTMLInputElement;
+}
+
+/** Ask for the profile and arguments, then submit; the new run, or null when canceled. */
+export async function submitWithDialog(path: string): Promise<IRun | null> {
+  const { quota, profiles } = await listProfiles();
+  const result = await showDialog({
+    title: 'Submit as GPU job',
+    body: new SubmitForm(path, profiles, quota),
+    buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Submit' })]
+  });
+  if (!result.button.accept || !result.value) {
+    return null;
+  }
+  const { profile, args } = result.value;
+  return submitFile(path.endsWith('.ipynb') ? { path, profile } : { path, profile, args });
+}

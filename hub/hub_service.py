@@ -1,0 +1,44 @@
+"""What the hub's in-process services (GPU jobs, Dask clusters) share: starting once the hub has,
+answering "has it started?" with a bounded wait, and an admission loop woken on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+async def hub_started(app: Any) -> None:
+    """Return once JupyterHub's start has finished (users, spawners, proxy): it resolves
+    `_start_future` then; a hub without it (an older one) has started by the time a task runs."""
+    started = getattr(app, "_start_future", None)
+    if started is not None:
+        await asyncio.shield(started)
+
+
+async def wait_started(starting: asyncio.Future[Any] | None, timeout: float) -> None:
+    """Return once `starting` (a service's start) has ended, however, or after `timeout` s."""
+    if starting is not None and not starting.done():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(starting), timeout)
+
+
+async def admission_loop(
+    admit: Callable[[], Awaitable[Any]],
+    wake: asyncio.Event,
+    interval_seconds: float,
+    log: logging.Logger,
+    what: str,
+) -> None:
+    """Run `admit` whenever `wake` is set and every `interval_seconds` (quotas and capacity
+    change without telling anyone), for good: a failed pass is logged and tried again."""
+    while True:
+        wake.clear()
+        try:
+            await admit()
+        except Exception:  # a store or allocator error must not end admission for good
+            log.exception("%s admission pass failed; trying again", what)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), interval_seconds)

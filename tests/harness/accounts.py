@@ -1,0 +1,77 @@
+"""Real system accounts for tests that run processes as users without a hub (the local job
+runner's): made by gpulab's own `ensure_account`, in the reserved uid range, with a prefix of
+their own so that tests running at once never share one, and homes under PASSABLE_ROOT (a place
+every account can pass through; pytest's tmp_path is root's 0700). `close()` kills what runs as
+them (by pid, from /proc), removes the accounts and their homes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+from gpulab.spawner.local.accounts import SystemAccount, ensure_account
+from tests.harness.hub import PASSABLE_ROOT
+
+#: the test hubs' range too (tests/spawner/local/test_accounts_in_kernels.py)
+UID_RANGE = (200000, 299999)
+
+
+def _live_uid_of(pid: int) -> int | None:
+    """The uid `pid` runs as; None when it is gone or a zombie (an exited process its parent has
+    not reaped yet: on some machines pid 1 reaps orphans late)."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if fields.get("State", "").split()[:1] == ["Z"]:
+        return None
+    return int(fields["Uid"].split()[0])
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """The live processes running as `uid` (zombies are gone: they hold no memory and no GPU)."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _live_uid_of(int(p)) == uid]
+
+
+class TestAccounts:
+    """Accounts made on demand (`make(name)`), removed by `close()`."""
+
+    __test__ = False  # not a test class, for pytest
+
+    def __init__(self) -> None:
+        self.prefix = f"gj{secrets.token_hex(2)}-"
+        PASSABLE_ROOT.mkdir(mode=0o711, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix="accounts-", dir=PASSABLE_ROOT))
+        os.chmod(self.root, 0o711)
+        self.accounts: list[SystemAccount] = []
+
+    def make(self, name: str) -> SystemAccount:
+        """A new account for hub user `name`, with a home of its own (0700, the account's)."""
+        home = self.root / name
+        made = ensure_account(name, prefix=self.prefix, uid_range=UID_RANGE, home=str(home))
+        # a thread of its own, so that async tests (in a running loop) may make accounts too
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            account = pool.submit(asyncio.run, made).result()
+        self.accounts.append(account)
+        home.mkdir(mode=0o700)
+        os.chown(home, account.uid, account.gid)
+        return account
+
+    def close(self) -> None:
+        for account in self.accounts:
+            for pid in pids_of_uid(account.uid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            subprocess.run(["userdel", account.name], check=False, capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,39 @@
+"""Fixtures of the jobs tests: a store on SQLite and on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpulab.hub.jobs import JobStore
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database's URL: a SQLite file, then a database on the session's PostgreSQL
+    (the harness fixture `postgres`, which marks those tests e2e)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/jobs.sqlite"
+    return str(request.getfixturevalue(request.param).new_database())
+
+
+class TickingClock:
+    """A clock that moves one second per reading, so every submission has its own time."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._ticks = itertools.count()
+        self.start = start
+
+    def __call__(self) -> float:
+        return self.start + next(self._ticks)
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[JobStore]:
+    """A JobStore on `store_url` with a ticking clock; closed after the test."""
+    s = JobStore(store_url, clock=TickingClock())
+    yield s
+    s.close()

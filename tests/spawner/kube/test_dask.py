@@ -1,0 +1,568 @@
+"""Dask clusters on Kubernetes against the real dev cluster and the real dask-kubernetes operator:
+gpulab's DaskCluster and DaskWorkerGroups, placed by the real allocator over the cluster's nodes,
+become a TLS scheduler and workers on GPU shares (MIG, time-slicing) that compute a real dask
+array reduction for a client in this process; the workers' environment shows their share, their
+pods ask for the share's device and carry their placement; another tenant's pod cannot reach the
+scheduler; stop leaves no pod.
+
+The executor gets its owner's settings as `GPUKubeSpawner.dask_target` gives them, built here
+from the same real pieces (the cluster's Node objects, the allocator, `placed_pod`) without a hub:
+the hub service that drives the executor is tested on its own branch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulab.devcluster import DevCluster, NodeSpec
+from gpulab.hub.allocator import Allocator, Placement, Request
+from gpulab.hub.dask import Cluster, ClusterSpec, Worker, WorkerState
+from gpulab.hub.dask.model import scheduler_request, worker_request
+from gpulab.hub.daskservice.executor import ClusterTLS
+from gpulab.hub.daskservice.tls import make_cluster_tls
+from gpulab.hub.profiles import Profile, parse_profile
+from gpulab.spawner.kube.dask import KubeDaskError, KubeDaskExecutor, KubeDaskTarget
+from gpulab.spawner.kube.dask_objects import KubeDaskSettings, cluster_name
+from gpulab.spawner.kube.gpu_resources import PlacedPod, placed_pod
+from gpulab.spawner.kube.nodes import inventory_from_nodes
+from gpulab.spawner.kube.objects import priority_class_manifest
+from tests.harness.dask_kube import running_dask_operator
+from tests.harness.kube import CONNECT_SCRIPT, pod_manifest
+from tests.harness.wait import wait_for
+
+# gd-mig: an A100 cut into MIG slices (2g.20gb for a quarter); gd-ts: an A100 time-sliced 4 ways
+NODES = [
+    NodeSpec("gd-mig", gpus=1, zone="zone-a", rack="rack-1", mig={"2g.20gb": 3, "1g.10gb": 1}),
+    NodeSpec("gd-ts", gpus=1, zone="zone-a", rack="rack-1", sharing="time-slicing", replicas=4),
+]
+QUARTER = {"slug": "a100-quarter", "gpus": "1/4", "gpu_model": "A100-SXM4-80GB", "cpu_limit": 1}
+NAMESPACE = "default"
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    make_dev_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DevCluster]:
+    dev = make_dev_cluster(NODES, "gd-cluster")
+    ensure_priority_classes(dev)
+    log = tmp_path_factory.mktemp("dask-operator") / "operator.log"
+    with running_dask_operator(dev, log):
+        yield dev
+
+
+def ensure_priority_classes(cluster: DevCluster) -> None:
+    """The PriorityClasses placed pods name, as GPUKubeSpawner creates them on first use."""
+    for priority, (name, value) in {
+        "on-demand": ("gpulab-on-demand", 1000),
+        "preemptible": ("gpulab-preemptible", 100),
+    }.items():
+        with contextlib.suppress(urllib.error.HTTPError):  # 409: made by an earlier module
+            cluster.api(
+                "POST",
+                "/apis/scheduling.k8s.io/v1/priorityclasses",
+                priority_class_manifest(name, value, priority),
+            )
+
+
+def node_objects(cluster: DevCluster) -> list[dict[str, Any]]:
+    return list(cluster.api("GET", "/api/v1/nodes")["items"])
+
+
+class Backend:
+    """An owner's backend as GPUKubeSpawner.dask_target builds it, for one sharing backend."""
+
+    def __init__(
+        self,
+        cluster: DevCluster,
+        sharing: str,
+        priority_classes: dict[str, str] | None = None,
+        start_timeout: float = 120,
+    ) -> None:
+        self.cluster, self.sharing = cluster, sharing
+        self.priority_classes, self.start_timeout = priority_classes, start_timeout
+        self.inventory = inventory_from_nodes(node_objects(cluster), sharing)
+        self.allocator = Allocator(self.inventory)
+        self.profiles = {"a100-quarter": parse_profile(QUARTER)}
+        self.api: Any = None
+
+    def gpu(self, uuid: str) -> Any:
+        return next(g for n in self.inventory.nodes for g in n.gpus if g.uuid == uuid)
+
+    def placed(self, profile: Profile, placement: Placement) -> PlacedPod:
+        device = self.gpu(placement.gpus[0].uuid) if placement.gpus else None
+        return placed_pod(
+            profile,
+            placement,
+            sharing=self.sharing,
+            priority=placement.request.priority,
+            device=device,
+            gpu_memory_mib=81920,
+            priority_classes=self.priority_classes,
+        )
+
+    async def target(self, owner: str) -> KubeDaskTarget:
+        if self.api is None:
+            self.api = await self.cluster.api_client()
+        host = self.cluster.host_address
+        return KubeDaskTarget(
+            api_client=self.api,
+            settings=KubeDaskSettings(
+                namespace=NAMESPACE,
+                image="gpulab/singleuser:dev",  # not pulled: the node agent runs the command
+                python=sys.executable,
+                termination_grace_seconds=5,
+                hub_cidrs=(f"{host}/32",),  # this process is the hub, outside the cluster
+            ),
+            profile=self.profiles.get,
+            placed_pod=self.placed,
+            priority_class=lambda priority: "",
+            node_failure_seconds=2,
+            start_timeout=self.start_timeout,
+        )
+
+
+def profile_request(profile: Profile) -> Request:
+    """The profile's allocator request, as GPUCapacity.request_for makes it."""
+    return Request(
+        id="-",
+        cpu_milli=round((profile.cpu_limit or 0) * 1000),
+        memory_mib=profile.mem_limit_mib or 0,
+        num_gpu=profile.num_gpu,
+        gpu_milli=profile.gpu_milli,
+        gpu_models=profile.gpu_models,
+    )
+
+
+def pods(cluster: DevCluster, selector: str) -> list[dict[str, Any]]:
+    query = urllib.parse.quote(selector)
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={query}"
+    return list(cluster.api("GET", path)["items"])
+
+
+def tls_files(tls: ClusterTLS, folder: Path) -> dict[str, str]:
+    cert, key = folder / "tls.crt", folder / "tls.key"
+    cert.write_text(tls.cert_pem)
+    key.write_text(tls.key_pem)
+    key.chmod(0o600)
+    return {"cert": str(cert), "key": str(key)}
+
+
+def connect_from_pod(cluster: DevCluster, name: str, labels: dict[str, str], target: str) -> str:
+    """What a pod with `labels` gets connecting to `target` ("open", "refused", "error ...")."""
+    manifest = pod_manifest(name, [sys.executable, "-c", CONNECT_SCRIPT, target])
+    manifest["metadata"]["labels"] = labels
+    cluster.api("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", manifest)
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+    try:
+        wait_for(
+            f"{name} to end",
+            lambda: cluster.api("GET", path)["status"].get("phase") in ("Succeeded", "Failed"),
+            60,
+        )
+        return str(json.loads(cluster.logs(name).strip().splitlines()[-1])[target])
+    finally:
+        cluster.api("DELETE", path, {"gracePeriodSeconds": 0})
+
+
+@pytest.mark.parametrize(
+    ("sharing", "node", "resources", "fraction"),
+    [
+        ("mig", "gd-mig", {"nvidia.com/mig-2g.20gb": "1", "cpu": "1"}, "0.250"),
+        ("time-slicing", "gd-ts", {"nvidia.com/gpu.shared": "1", "cpu": "1"}, "0.250"),
+    ],
+)
+def test_a_tls_scheduler_and_two_workers_on_gpu_shares_compute_a_dask_array_reduction(
+    cluster: DevCluster,
+    tmp_path: Path,
+    sharing: str,
+    node: str,
+    resources: dict[str, str],
+    fraction: str,
+) -> None:
+    backend = Backend(cluster, sharing)
+    executor = KubeDaskExecutor(target_for=backend.target)
+    cluster_id = {"mig": 7, "time-slicing": 8}[sharing]
+    spec = ClusterSpec(owner="alice", name=f"etl-{sharing}", profile="a100-quarter", n_workers=2)
+    record = Cluster.created(cluster_id, spec, time.time())
+    tls = make_cluster_tls(f"dask-alice-{cluster_id}")
+    name = cluster_name("alice", cluster_id)
+
+    async def scenario() -> dict[str, Any]:
+        began = time.monotonic()
+        sched_placement = backend.allocator.place(
+            scheduler_request(
+                "alice", frozenset(), cluster_id, cpu_milli=500, memory_mib=512, affinity_group=None
+            )
+        )
+        started = await executor.start_scheduler(record, sched_placement, tls)
+        scheduler_up = time.monotonic() - began
+        profile = backend.profiles["a100-quarter"]
+        handles, placements = [], []
+        for number in (1, 2):
+            request = worker_request(
+                profile_request(profile),
+                owner="alice",
+                cluster_id=cluster_id,
+                number=number,
+                preemptible=False,
+                affinity_group=None,
+            )
+            placement = backend.allocator.place(request)
+            placements.append(placement)
+            worker = Worker(cluster_id, number, WorkerState.ADMITTED, time.time())
+            handles.append(
+                await executor.start_worker(record, worker, placement, started.address, tls)
+            )
+        from distributed import Client
+        from distributed.security import Security
+
+        files = tls_files(tls, tmp_path)
+        security = Security(
+            tls_ca_file=files["cert"],
+            tls_client_cert=files["cert"],
+            tls_client_key=files["key"],
+            require_encryption=True,
+        )
+        async with Client(started.address, security=security, asynchronous=True) as client:
+            await client.wait_for_workers(2, timeout=120)
+            workers_up = time.monotonic() - began
+            import dask.array as da
+
+            total = await client.compute(da.ones((2000, 2000), chunks=(500, 500)).sum())
+            env = await client.run(
+                lambda: {
+                    k: v
+                    for k, v in os.environ.items()
+                    if k.startswith("GPULAB_") or k == "NVIDIA_VISIBLE_DEVICES"
+                }
+            )
+            identity = await client.scheduler.identity()
+            names = sorted(w["name"] for w in identity["workers"].values())
+        running = [await executor.running(h) for h in [started.handle, *handles]]
+        worker_pods = pods(cluster, f"dask.org/cluster-name={name},dask.org/component=worker")
+        operator_objects = {
+            "cluster": cluster.api(
+                "GET", f"/apis/kubernetes.dask.org/v1/namespaces/{NAMESPACE}/daskclusters/{name}"
+            ),
+            "service": cluster.api(
+                "GET", f"/api/v1/namespaces/{NAMESPACE}/services/{name}-scheduler"
+            ),
+            "deployment": cluster.api(
+                "GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{name}-scheduler"
+            ),
+        }
+        stop_began = time.monotonic()
+        for handle in handles:
+            await executor.stop(handle, grace_seconds=20)
+        await executor.stop(started.handle, grace_seconds=30)
+        stopped_in = time.monotonic() - stop_began
+        left = pods(cluster, f"dask.org/cluster-name={name}")
+        base = f"/namespaces/{NAMESPACE}"
+        left_objects = [
+            item["metadata"]["name"]
+            for path in (
+                f"/apis/kubernetes.dask.org/v1{base}/daskclusters",
+                f"/apis/kubernetes.dask.org/v1{base}/daskworkergroups",
+                f"/apis/apps/v1{base}/deployments",
+                f"/api/v1{base}/services",
+                f"/api/v1{base}/secrets",
+                f"/apis/networking.k8s.io/v1{base}/networkpolicies",
+            )
+            for item in cluster.api("GET", path)["items"]
+            if item["metadata"]["name"].startswith(name)
+        ]
+        after = [await executor.running(h) for h in [started.handle, *handles]]
+        reasons = [await executor.exit_reason(h) for h in handles]
+        await backend.api.close()
+        print(
+            f"{sharing}: scheduler up in {scheduler_up:.1f} s, 2 workers up in {workers_up:.1f} s, "
+            f"stopped in {stopped_in:.1f} s"
+        )
+        return {
+            "started": started,
+            "total": total,
+            "env": env,
+            "names": names,
+            "running": running,
+            "worker_pods": worker_pods,
+            "placements": placements,
+            "objects": operator_objects,
+            "left": left,
+            "left_objects": left_objects,
+            "after": after,
+            "reasons": reasons,
+        }
+
+    out = asyncio.run(scenario())
+    assert out["total"] == 2000 * 2000
+    assert out["started"].address.startswith("tls://")
+    assert out["names"] == ["w1", "w2"]
+    assert out["running"] == [True, True, True]
+    # the operator reconciled gpulab's DaskCluster (its status phase is the operator's: it
+    # writes Pending and Running in a race of its own handlers, so either) into the scheduler's
+    # Deployment and Service, owned by the DaskCluster
+    assert out["objects"]["cluster"]["status"]["phase"] in ("Pending", "Running")
+    assert out["objects"]["service"]["spec"]["ports"][0]["port"] == 8786
+    deployment = out["objects"]["deployment"]
+    (owner,) = deployment["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("DaskCluster", name)
+    # every worker sees its share
+    envs = sorted(out["env"].values(), key=lambda e: e["NVIDIA_VISIBLE_DEVICES"])
+    assert len(envs) == 2
+    for env in envs:
+        assert env["GPULAB_GPU_FRACTION"] == fraction
+        assert env["GPULAB_GPU_SHARING"] == sharing
+        assert env["GPULAB_GPU_ENFORCEMENT"] == sharing
+        assert env["NVIDIA_VISIBLE_DEVICES"]
+    # two MIG slices are two devices; two time-slicing replicas share the one GPU
+    devices = {env["NVIDIA_VISIBLE_DEVICES"] for env in envs}
+    assert len(devices) == (2 if sharing == "mig" else 1)
+    # their pods ask for the share's device on the allocator's node and carry the placement
+    by_number = {p["metadata"]["labels"]["gpulab.io/dask-worker"]: p for p in out["worker_pods"]}
+    assert sorted(by_number) == ["1", "2"]
+    for number, placement in zip(("1", "2"), out["placements"], strict=True):
+        pod = by_number[number]
+        (container,) = pod["spec"]["containers"]
+        assert container["resources"]["limits"] == resources
+        assert pod["spec"]["nodeName"] == node == placement.node
+        held = json.loads(pod["metadata"]["annotations"]["gpulab.io/placement"])
+        assert held["request"]["id"] == f"alice/dask-{cluster_id}-w{number}"
+        assert held["gpus"] == [[s.uuid, s.milli] for s in placement.gpus]
+        assert container["securityContext"]["runAsUser"] == 1000
+        assert pod["spec"]["automountServiceAccountToken"] is False
+    # stop returned with nothing of the cluster left
+    assert out["left"] == []
+    assert out["left_objects"] == []
+    assert out["after"] == [False, False, False]
+    assert out["reasons"] == ["its DaskWorkerGroup was deleted"] * 2
+
+
+def test_only_the_owners_pods_and_the_hub_reach_the_scheduler(cluster: DevCluster) -> None:
+    backend = Backend(cluster, "mig")
+    executor = KubeDaskExecutor(target_for=backend.target)
+    spec = ClusterSpec(owner="alice", name="private", profile="a100-quarter", n_workers=0)
+    record = Cluster.created(9, spec, time.time())
+    tls = make_cluster_tls("dask-alice-9")
+
+    async def scenario() -> tuple[str, str]:
+        placement = backend.allocator.place(
+            scheduler_request(
+                "alice", frozenset(), 9, cpu_milli=500, memory_mib=512, affinity_group=None
+            )
+        )
+        started = await executor.start_scheduler(record, placement, tls)
+        try:
+            target = started.address.removeprefix("tls://")
+            user = "hub.jupyter.org/username"
+            # another tenant's pod (her server's labels) is refused before TLS is even tried
+            mallory = await asyncio.to_thread(
+                connect_from_pod, cluster, "mallory-probe", {user: "mallory"}, target
+            )
+            # the owner's pods get through to the TLS handshake
+            alice = await asyncio.to_thread(
+                connect_from_pod, cluster, "alice-probe", {user: "alice"}, target
+            )
+        finally:
+            await executor.stop(started.handle, grace_seconds=5)
+            await backend.api.close()
+        return mallory, alice
+
+    assert asyncio.run(scenario()) == ("refused", "open")
+
+
+def test_a_worker_lost_with_its_node_is_not_running_says_so_and_stops_at_once(
+    cluster: DevCluster,
+) -> None:
+    backend = Backend(cluster, "mig")
+    executor = KubeDaskExecutor(target_for=backend.target)
+    spec = ClusterSpec(owner="alice", name="lossy", profile="a100-quarter", n_workers=1)
+    record = Cluster.created(10, spec, time.time())
+    tls = make_cluster_tls("dask-alice-10")
+    name = cluster_name("alice", 10)
+    request = scheduler_request(
+        "alice", frozenset(), 10, cpu_milli=500, memory_mib=512, affinity_group=None
+    )
+    # the scheduler on the node that stays (as the allocator may place it), the worker on the
+    # MIG node that fails
+    scheduler_placement = Placement(request=request, node="gd-ts", gpus=(), created_at=time.time())
+
+    async def scenario() -> tuple[bool, str, list[dict[str, Any]]]:
+        started = await executor.start_scheduler(record, scheduler_placement, tls)
+        worker_placement = backend.allocator.place(
+            worker_request(
+                profile_request(backend.profiles["a100-quarter"]),
+                owner="alice",
+                cluster_id=10,
+                number=1,
+                preemptible=False,
+                affinity_group=None,
+            )
+        )
+        assert worker_placement.node == "gd-mig"
+        worker = Worker(10, 1, WorkerState.ADMITTED, time.time())
+        handle = await executor.start_worker(record, worker, worker_placement, started.address, tls)
+        before = await executor.running(handle)
+        await asyncio.to_thread(cluster.stop_node, "gd-mig")
+        try:
+            deadline = time.monotonic() + 90
+            while await executor.running(handle):
+                assert time.monotonic() < deadline, "the worker still counts as running"
+                await asyncio.sleep(0.5)
+            reason = await executor.exit_reason(handle)
+            # no kubelet confirms the end of a lost node's pod: stop force-deletes it
+            await executor.stop(handle, grace_seconds=20)
+            left = pods(cluster, f"dask.org/workergroup-name={name}-w1")
+        finally:
+            await asyncio.to_thread(cluster.start_node, "gd-mig")
+            await executor.stop(started.handle, grace_seconds=5)
+            await backend.api.close()
+        return before, reason, left
+
+    before, reason, left = asyncio.run(scenario())
+    assert before is True
+    assert reason == "node gd-mig was lost"
+    assert left == []
+
+    def ready() -> bool:
+        node = cluster.api("GET", "/api/v1/nodes/gd-mig")
+        conditions = node["status"]["conditions"]
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    wait_for("gd-mig to be Ready again", ready, 60)
+
+
+def test_a_worker_whose_pod_cannot_be_made_fails_its_start_naming_why_and_leaves_nothing(
+    cluster: DevCluster,
+) -> None:
+    # a PriorityClass the cluster lacks: the ReplicaSet's pods are refused
+    backend = Backend(
+        cluster, "mig", priority_classes={"on-demand": "no-such-class"}, start_timeout=20
+    )
+    executor = KubeDaskExecutor(target_for=backend.target)
+    spec = ClusterSpec(owner="alice", name="refused", profile="a100-quarter", n_workers=1)
+    record = Cluster.created(11, spec, time.time())
+    tls = make_cluster_tls("dask-alice-11")
+    name = cluster_name("alice", 11)
+
+    async def scenario() -> str:
+        placement = backend.allocator.place(
+            scheduler_request(
+                "alice", frozenset(), 11, cpu_milli=500, memory_mib=512, affinity_group=None
+            )
+        )
+        started = await executor.start_scheduler(record, placement, tls)
+        worker_placement = backend.allocator.place(
+            worker_request(
+                profile_request(backend.profiles["a100-quarter"]),
+                owner="alice",
+                cluster_id=11,
+                number=1,
+                preemptible=False,
+                affinity_group=None,
+            )
+        )
+        worker = Worker(11, 1, WorkerState.ADMITTED, time.time())
+        try:
+            with pytest.raises(KubeDaskError) as failed:
+                await executor.start_worker(record, worker, worker_placement, started.address, tls)
+            groups = cluster.api(
+                "GET", f"/apis/kubernetes.dask.org/v1/namespaces/{NAMESPACE}/daskworkergroups"
+            )["items"]
+            assert [g["metadata"]["name"] for g in groups] == [f"{name}-default"]
+            assert pods(cluster, f"dask.org/workergroup-name={name}-w1") == []
+        finally:
+            await executor.stop(started.handle, grace_seconds=5)
+            await backend.api.close()
+        return str(failed.value)
+
+    message = asyncio.run(scenario())
+    assert "no PriorityClass with name no-such-class was found" in message
+
+
+def test_a_cluster_made_through_the_hubs_rest_api_runs_on_kubernetes_and_leaves_nothing(
+    make_hub: Any, cluster: DevCluster
+) -> None:
+    """The whole path on Kubernetes: a hub with GPUKubeSpawner (its `dask_executor` and
+    `dask_target`), the cluster service admitting each worker, the REST API with the owner's
+    token, the credentials it gives, and DELETE."""
+    import httpx
+    from traitlets.config import Config
+
+    from tests.harness.hub import merged
+    from tests.harness.jobs import user_client
+    from tests.harness.kube import KUBE_HUB_OVERLAY, kube_hub_overlay
+
+    dask = Config(
+        GPUDask={
+            "admission_interval_seconds": 0.5,
+            "monitor_interval_seconds": 0.5,
+            "scheduler_cpu": 0.1,
+            "scheduler_memory_mib": 256,
+        }
+    )
+    hub = make_hub(
+        kube_hub_overlay(cluster, merged(KUBE_HUB_OVERLAY, dask)),
+        env={"KUBECONFIG": str(cluster.kubeconfig)},
+    )
+    hub.create_user("alice")
+    alice: httpx.Client = user_client(hub, "alice")
+    alice.timeout = httpx.Timeout(120)
+    began = time.monotonic()
+    r = alice.post("/users/alice/dask-clusters", json={"profile": "a100-quarter", "n_workers": 2})
+    assert r.status_code == 201, r.text
+    cluster_id = r.json()["id"]
+    path = f"/users/alice/dask-clusters/{cluster_id}"
+
+    def running() -> dict[str, Any] | None:
+        model = alice.get(path).json()
+        assert model["state"] not in ("stopped", "failed"), model
+        return model if model["workers_running"] == 2 else None
+
+    model = wait_for("2 workers running", running, 180)
+    up = time.monotonic() - began
+    credentials = alice.get(f"{path}/credentials").json()
+
+    async def compute() -> tuple[int, dict[str, Any]]:
+        from distributed import Client
+        from distributed.security import Security
+
+        security = Security(
+            require_encryption=True,
+            tls_ca_file=credentials["tls_cert"],
+            tls_client_cert=credentials["tls_cert"],
+            tls_client_key=credentials["tls_key"],
+        )
+        async with Client(
+            credentials["scheduler_address"], security=security, asynchronous=True
+        ) as client:
+            import dask.array as da
+
+            total = await client.compute(da.ones((2000, 2000), chunks=(500, 500)).sum())
+            envs = await client.run(
+                lambda: {k: v for k, v in os.environ.items() if k.startswith("GPULAB_GPU")}
+            )
+        return int(total), envs
+
+    total, envs = asyncio.run(compute())
+    assert total == 2000 * 2000
+    assert sorted(e["GPULAB_GPU_FRACTION"] for e in envs.values()) == ["0.250", "0.250"]
+    assert {w["node"] for w in model["workers"]} == {"gd-mig"}
+    stop_began = time.monotonic()
+    r = alice.delete(path)
+    assert r.status_code == 200, r.text
+    stopped = time.monotonic() - stop_began
+    name = cluster_name("alice", cluster_id)
+    assert pods(cluster, f"dask.org/cluster-name={name}") == []
+    assert not [a for a in hub.allocations() if f"/dask-{cluster_id}-" in a]
+    print(f"through the hub: 2 workers running {up:.1f} s after the POST, DELETE {stopped:.1f} s")

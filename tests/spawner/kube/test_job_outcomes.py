@@ -1,0 +1,71 @@
+"""How the Kubernetes job executor reads an attempt's end from the Job and pod the API server
+returns (their real shapes, as dicts) and its outputs from the end of the pod's log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpulab.hub.jobs import Cancel, Fail, Preempt, Succeed, TimeOut
+from gpulab.spawner.kube.jobs import (
+    KubeOutcome,
+    finished_outcome,
+    job_finished,
+    outputs_from_log,
+    waiting_reason,
+)
+
+
+def job(condition: str | None, reason: str = "") -> dict[str, Any]:
+    conditions = (
+        [] if condition is None else [{"type": condition, "status": "True", "reason": reason}]
+    )
+    return {"metadata": {"name": "gpulab-job-alice-3-1"}, "status": {"conditions": conditions}}
+
+
+def pod(
+    terminated: dict[str, Any] | None = None, waiting: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    state = {"terminated": terminated} if terminated else {"waiting": waiting or {}}
+    return {"status": {"phase": "Failed", "containerStatuses": [{"name": "job", "state": state}]}}
+
+
+def test_the_jobs_conditions_and_the_containers_exit_code_make_the_runs_event():
+    assert job_finished(job(None)) is None
+    assert job_finished({"status": {"conditions": [{"type": "Failed", "status": "False"}]}}) is None
+    assert finished_outcome(job("Complete"), pod()).event(5.0) == Succeed(5.0)
+    deadline = finished_outcome(job("Failed", "DeadlineExceeded"), pod({"exitCode": 143}))
+    assert deadline.event(5.0) == TimeOut(5.0)
+    failed = finished_outcome(job("Failed", "BackoffLimitExceeded"), pod({"exitCode": 3}))
+    assert failed.event(5.0) == Fail(5.0, reason="exit code 3", exit_code=3)
+    gone = finished_outcome(job("Failed", "BackoffLimitExceeded"), None)
+    assert gone.event(5.0) == Fail(5.0, reason="its Job failed (BackoffLimitExceeded)")
+    assert KubeOutcome("canceled").event(5.0) == Cancel(5.0)
+    lost = KubeOutcome("lost", "node gj-x was lost").event(5.0)
+    assert lost == Preempt(5.0, reason="node gj-x was lost")
+    assert KubeOutcome.from_dict({"kind": "failed", "reason": "r", "exit_code": 2}) == KubeOutcome(
+        "failed", "r", 2
+    )
+
+
+def test_a_pod_that_cannot_start_says_why_in_the_kubelets_words():
+    stuck = pod(waiting={"reason": "CreateContainerConfigError", "message": "runAsNonRoot"})
+    assert waiting_reason(stuck) == "CreateContainerConfigError: runAsNonRoot"
+    unschedulable = {
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "message": "0/3"}]}
+    }
+    assert waiting_reason(unschedulable) == "0/3"
+    assert waiting_reason(None) == ""
+
+
+def test_outputs_are_the_last_listing_line_of_the_log_and_nothing_else():
+    line = b'gpulab job: outputs {"files":[["model.bin",10],["checkpoints/c",2]],"more":false}\n'
+    assert outputs_from_log(b"epoch 1\n" + line) == [("model.bin", 10), ("checkpoints/c", 2)]
+    assert outputs_from_log(line) == [("model.bin", 10), ("checkpoints/c", 2)]
+    # the wrapper's line is the last one: an earlier one the job printed does not count
+    forged = b'gpulab job: outputs {"files":[["x",1]],"more":false}\n'
+    assert outputs_from_log(forged + b"more\n" + line) == [("model.bin", 10), ("checkpoints/c", 2)]
+    assert outputs_from_log(b"no listing\n") == []
+    assert outputs_from_log(b"gpulab job: outputs {not json\n") == []
+    assert outputs_from_log(b'gpulab job: outputs {"files":[["/etc/passwd",1],["../x",1]]}') == []
+    # "a line" means at the start of one
+    assert outputs_from_log(b'say gpulab job: outputs {"files":[["y",1]]}\n') == []
