@@ -46,6 +46,31 @@ def forget_unstarted_server(handler: Any, user: Any, server_name: str) -> bool:
     return True
 
 
+#: how long a refusal's handler waits for JupyterHub to finish marking the start as ended
+SETTLE_SECONDS = 5.0
+
+
+async def forget_refused_start(handler: Any, user: Any, server_name: str) -> bool:
+    """`forget_unstarted_server` for a start that has just been refused. JupyterHub clears a
+    start's pending flag in a done-callback of its spawn future, which runs on a later turn of
+    the event loop than the one that hands the refusal to the handler (a start refused before
+    its first await, e.g. over quota with `slow_spawn_timeout` 0): until then the server still
+    counts as active and its record would stay. Waits (bounded) for that callback only: a start
+    still under way is not waited for."""
+    spawner = user.spawners.get(server_name) if server_name else None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_SECONDS
+    while (
+        spawner is not None
+        and spawner.pending
+        and spawner._spawn_future is not None
+        and spawner._spawn_future.done()
+        and loop.time() < deadline
+    ):
+        await asyncio.sleep(0.01)
+    return forget_unstarted_server(handler, user, server_name)
+
+
 #: set on a Spawner whose record a gpulab handler created and that has not started since (in
 #: memory: after a hub restart such a record is kept, as JupyterHub keeps it)
 NEVER_STARTED = "gpulab_never_started"
@@ -124,7 +149,7 @@ class GPULabUserServerAPIHandler(_ServerChecks, UserServerAPIHandler):
             await super().post(user_name, server_name)
         except web.HTTPError as e:
             if first and is_expected_refusal(e):
-                forget_unstarted_server(self, user, server_name)
+                await forget_refused_start(self, user, server_name)
             raise
         if first:
             _follow_first_start(user, server_name)
@@ -160,11 +185,11 @@ class GPULabSpawnHandler(_ServerChecks, SpawnHandler):
             result = await start()
         except web.HTTPError as e:
             if first and is_expected_refusal(e):
-                forget_unstarted_server(self, user, server_name)
+                await forget_refused_start(self, user, server_name)
             raise
         if first and server_name in user.orm_spawners:
             if 400 <= self.get_status() < 500:  # the form came back with the reason
-                forget_unstarted_server(self, user, server_name)
+                await forget_refused_start(self, user, server_name)
             else:  # the form for a new server, or its start going on behind the pending page
                 _follow_first_start(user, server_name)
         return result
@@ -191,7 +216,7 @@ class GPULabSpawnPendingHandler(SpawnPendingHandler):
         user = self.find_user(user_name)
         spawner = user.spawners[server_name] if user and server_name in user.spawners else None
         if spawner is not None and getattr(spawner, REFUSED_FIRST_START, False):
-            forget_unstarted_server(self, user, server_name)
+            await forget_refused_start(self, user, server_name)
 
 
 #: routes ahead of JupyterHub's own (relative to the hub's prefix, as get_handlers returns them)

@@ -155,3 +155,34 @@ def test_a_first_start_refused_in_the_background_is_forgotten_once_reported(make
     hub.start_server("admin", "x", profile="cpu")
     hub.start_server("admin", "y", profile="cpu")
     assert set(_servers(hub, "admin")) == {"", "x", "y"}
+
+
+async def test_a_refusal_waits_for_jupyterhub_to_end_the_start_before_forgetting_its_record():
+    # JupyterHub clears a failed start's pending flag in a done-callback of its spawn future, a
+    # later turn of the loop than the one that hands the refusal over; the same order is built
+    # here with JupyterHub's own Spawner (a refused start that never reached an await)
+    import asyncio
+    from types import SimpleNamespace
+
+    from jupyterhub.spawner import LocalProcessSpawner
+
+    from gpulab.hub.handlers.servers import forget_refused_start, forget_unstarted_server
+
+    spawner = LocalProcessSpawner()
+    spawner._spawn_pending = True
+    future = asyncio.get_running_loop().create_future()
+    future.add_done_callback(lambda f: setattr(spawner, "_spawn_pending", False))
+    spawner._spawn_future = future
+    future.set_exception(RuntimeError("GPU quota exceeded"))
+    assert spawner.active  # the callback has not run yet
+
+    deleted = []
+    orm_spawner = SimpleNamespace(server=None)
+    user = SimpleNamespace(
+        name="admin", orm_spawners={"big": orm_spawner}, spawners={"big": spawner}
+    )
+    db = SimpleNamespace(delete=deleted.append, commit=lambda: None)
+    handler = SimpleNamespace(db=db, log=SimpleNamespace(info=lambda *a: None))
+    assert not forget_unstarted_server(handler, user, "big")  # what the handlers did before
+    assert await forget_refused_start(handler, user, "big")
+    assert deleted == [orm_spawner] and "big" not in user.spawners
