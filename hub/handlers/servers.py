@@ -48,6 +48,7 @@ def forget_unstarted_server(handler: Any, user: Any, server_name: str) -> bool:
 
 #: how long a refusal's handler waits for JupyterHub to finish marking the start as ended
 SETTLE_SECONDS = 5.0
+SETTLE_POLL_SECONDS = 0.01
 
 
 async def forget_refused_start(handler: Any, user: Any, server_name: str) -> bool:
@@ -58,16 +59,17 @@ async def forget_refused_start(handler: Any, user: Any, server_name: str) -> boo
     counts as active and its record would stay. Waits (bounded) for that callback only: a start
     still under way is not waited for."""
     spawner = user.spawners.get(server_name) if server_name else None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + SETTLE_SECONDS
-    while (
-        spawner is not None
-        and spawner.pending
-        and spawner._spawn_future is not None
-        and spawner._spawn_future.done()
-        and loop.time() < deadline
-    ):
-        await asyncio.sleep(0.01)
+    for _turn in range(int(SETTLE_SECONDS / SETTLE_POLL_SECONDS)):
+        ending = (
+            spawner is not None
+            and spawner.pending
+            and spawner._spawn_future is not None
+            and spawner._spawn_future.done()
+        )
+        if not ending:
+            break
+        # JupyterHub's callback, not ours, ends the start: nothing to wait on but the loop
+        await asyncio.sleep(SETTLE_POLL_SECONDS)
     return forget_unstarted_server(handler, user, server_name)
 
 
