@@ -64,6 +64,7 @@ import psutil
 from traitlets.config import Config
 
 from bench._spawning import percentile
+from gpulab.spawner.local.dask import FORKSERVER_MODULE
 
 USER = "bench"
 PROFILE = "gpu-quarter"
@@ -333,11 +334,14 @@ class GpulabLocal:
 
     def leaked(self, left: list[Leftovers]) -> tuple[int, list[str]]:
         lines = live_pids(left)
-        # any dask process of the owner's account: a scheduler, a nanny, a worker's child
+        # any dask process of the owner's account: a scheduler, a nanny, a worker's child; not
+        # her fork server, which holds no share and no cluster and ends by itself once idle
+        # (spawner/local/dask.py)
         for proc in psutil.process_iter(["uids", "cmdline", "pid"]):
             with suppress(psutil.Error):
                 uids, cmdline = proc.info["uids"], " ".join(proc.info["cmdline"] or ())
-                if uids and uids.real == self.account_uid and "dask" in cmdline:
+                mine = uids and uids.real == self.account_uid
+                if mine and "dask" in cmdline and FORKSERVER_MODULE not in cmdline:
                     line = f"process {proc.pid} of {USER}: {cmdline[:100]}"
                     if not any(line.startswith(f"process {proc.pid} ") for line in lines):
                         lines.append(line)

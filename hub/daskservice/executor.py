@@ -91,6 +91,16 @@ class DaskExecutor(Protocol):
 
 
 @runtime_checkable
+class KeepsWarmLaunchers(Protocol):
+    """An optional capability: an executor that keeps processes warm between starts (the local
+    backend's per-owner fork servers), which the service ends when it closes. Clusters keep
+    running; the executor's next start makes new ones."""
+
+    async def close(self) -> None:
+        """End the warm processes."""
+
+
+@runtime_checkable
 class RunsDaskClusters(Protocol):
     """A spawner class whose backend runs Dask clusters: the hub asks
     ``JupyterHub.spawner_class`` for its executor (a spawner class without it runs none, and

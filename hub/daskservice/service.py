@@ -101,7 +101,7 @@ from gpulab.hub.jobs import PlacementSummary, share_label
 from gpulab.hub.jobs.queue import quota_usage
 from gpulab.hub.profiles import Profile
 
-from .executor import ClusterTLS, DaskExecutor, Handle
+from .executor import ClusterTLS, DaskExecutor, Handle, KeepsWarmLaunchers
 from .monitor import SchedulerMonitor, SchedulerView
 
 log = logging.getLogger("gpulab.dask")
@@ -947,6 +947,8 @@ class DaskService:
             if tracked.monitor is not None:
                 with contextlib.suppress(Exception):
                     await tracked.monitor.close()
+        if isinstance(self.executor, KeepsWarmLaunchers):
+            await self.executor.close()
         self._loop_task = self._release_task = None
 
 

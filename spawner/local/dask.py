@@ -23,9 +23,21 @@ own, ``--nthreads`` and ``--memory-limit`` from the profile's CPU and memory, an
 environment as a job attempt gets it (CUDA_VISIBLE_DEVICES with the GPU or MIG UUID, the
 GPULAB_* share variables, the framework caps hook) plus the cluster's own ``environment``.
 
+Warm starts. A scheduler or worker started cold spends most of its start importing
+distributed (bokeh too, for a scheduler's dashboard). So each owner gets a fork server
+(``gpulab.spawner.singleuser.dask_forkserver``): one process of hers, started with the same
+clean environment as the rest, that imports all of it once and forks every scheduler and worker
+the executor asks for, each in a session of its own with exactly the environment and log a cold
+start gets. It talks to the hub over a socket pair only the hub holds the other end of; every
+pid it reports is checked against the kernel (her uid, its own session, a child of the fork
+server) before the hub takes it for its own, since she can write to her own process. It ends
+when the hub closes its end (``close()``, or the hub's exit) or after ``forkserver_idle_seconds``
+with no child; a fork server that cannot start (or dies) only makes starts cold again.
+
 Files and their owners::
 
     <state_dir>/dask-clusters/          root 0711 (the hub's)
+      forkserver-<uid>.log              root 0600: the owner's fork server's own messages
       cluster-<id>/                     root:<owner's group> 0750 (0711 if that group is shared)
         tls.crt, tls.key                the owner's, 0600: the cluster's ClusterTLS
         dask.yaml                       the owner's, 0600: TLS paths, require-encryption, the
@@ -51,7 +63,9 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import itertools
 import json
+import logging
 import math
 import os
 import re
@@ -76,12 +90,15 @@ from gpulab.spawner.local.accounts import SystemAccount
 from gpulab.spawner.local.processes import (
     ProcessError,
     Sessions,
+    Started,
+    boot_id,
     check_hub_root,
     check_identity,
     clean_environment,
     hub_dir,
     open_hub_file,
     private_group,
+    proc_stat,
     read_small,
 )
 from gpulab.spawner.names import CAPS_HOOK_ENV
@@ -91,8 +108,18 @@ Role = Literal["scheduler", "worker"]
 
 SCHEDULER_MODULE = "gpulab.spawner.singleuser.dask_scheduler"
 WORKER_MODULE = "gpulab.spawner.singleuser.dask_worker"
+FORKSERVER_MODULE = "gpulab.spawner.singleuser.dask_forkserver"
+#: the Python start-up variables a forked process honours like a new interpreter (the fork
+#: server applies PYTHONPATH; PYTHONUNBUFFERED is in every environment it starts from); any
+#: other PYTHON* variable changes how Python starts, so such a process starts cold
+FORKABLE_PYTHON_VARIABLES = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
+#: after a fork server failed to start, starts stay cold this long before it is tried again
+FORKSERVER_RETRY_SECONDS = 60.0
+#: how long a fork server may take to answer a start
+FORKSERVER_ANSWER_SECONDS = 10.0
 #: a scheduler file is a small JSON object; anything longer is not the scheduler's
 MAX_SCHEDULER_FILE_BYTES = 1 << 16
+LOG = logging.getLogger("gpulab.dask")
 _ADDRESS = re.compile(r"tls://127\.0\.0\.1:(?P<port>[0-9]{1,5})")
 
 
@@ -247,6 +274,122 @@ def _listener_uid(port: int) -> int | None:
     return None
 
 
+def forkable(env: Mapping[str, str]) -> bool:
+    """Whether a process with ``env`` may be forked by the fork server (pure): no Python
+    start-up variable but those it applies (``FORKABLE_PYTHON_VARIABLES``)."""
+    return not any(
+        name.startswith("PYTHON") and name not in FORKABLE_PYTHON_VARIABLES for name in env
+    )
+
+
+def _ppid(pid: int) -> int | None:
+    """The parent pid of ``pid`` (/proc/<pid>/stat field 4), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[1])
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+class ForkServer:
+    """The hub's end of one owner's fork server (see the module docstring): requests out,
+    answers and children's exit statuses in, read by the event loop (no thread waits on it)."""
+
+    def __init__(self, started: Started, control: socket.socket, uid: int) -> None:
+        self.started, self.control, self.uid = started, control, uid
+        self.control.setblocking(False)
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[int] = loop.create_future()
+        self.answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        #: pid -> exit status (Popen's convention) of the children that ended
+        self.exited: dict[int, int] = {}
+        self.exit_seen = asyncio.Event()
+        self.closed = False
+        self._ids = itertools.count(1)
+        loop.add_reader(self.control.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = self.control.recv(MAX_SCHEDULER_FILE_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        try:
+            message = json.loads(data)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            return  # the owner's process said something else: nothing of it is trusted anyway
+        if message.get("ready") is True and not self.ready.done():
+            self.ready.set_result(self.started.pid)
+        elif isinstance(message.get("exited"), int) and isinstance(message.get("status"), int):
+            self.exited[message["exited"]] = message["status"]
+            self.exit_seen.set()
+            self.exit_seen = asyncio.Event()
+        elif isinstance(message.get("id"), int):
+            answer = self.answers.pop(message["id"], None)
+            if answer is not None and not answer.done():
+                answer.set_result(message)
+
+    async def start(self, launcher: str, argv: list[str], env: Mapping[str, str], log: int) -> int:
+        """Fork ``launcher`` with ``argv``, ``env`` and ``log`` as stdout/stderr; the pid it
+        reports (unchecked: the caller checks it)."""
+        if self.closed:
+            raise DaskExecutorError("the fork server has ended")
+        request_id = next(self._ids)
+        answer = asyncio.get_running_loop().create_future()
+        self.answers[request_id] = answer
+        request = {"id": request_id, "launcher": launcher, "argv": argv, "env": dict(env)}
+        try:
+            socket.send_fds(self.control, [json.dumps(request).encode()], [log])
+            message = await asyncio.wait_for(answer, FORKSERVER_ANSWER_SECONDS)
+        except (OSError, TimeoutError) as e:
+            self.answers.pop(request_id, None)
+            raise DaskExecutorError(f"the fork server did not take the start: {e}") from e
+        pid = message.get("pid")
+        if not isinstance(pid, int):
+            raise DaskExecutorError(
+                f"the fork server refused the start: {message.get('error')!s:.200}"
+            )
+        return pid
+
+    async def exit_status(self, pid: int, wait: float) -> int | None:
+        """The exit status of child ``pid``, waiting up to ``wait`` s for its report."""
+        give_up = time.monotonic() + wait
+        while pid not in self.exited and not self.closed and time.monotonic() < give_up:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.exit_seen.wait(), give_up - time.monotonic())
+        return self.exited.get(pid)
+
+    def close(self) -> None:
+        """Close the hub's end: the fork server ends (its children live on)."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self.control.fileno())
+        self.control.close()
+        for answer in self.answers.values():
+            if not answer.done():
+                answer.set_exception(DaskExecutorError("the fork server ended"))
+        self.answers.clear()
+        if not self.ready.done():
+            self.ready.set_exception(DaskExecutorError("the fork server ended as it started"))
+        self.exit_seen.set()
+
+
 class LocalDaskExecutor:
     """Runs Dask clusters' schedulers and workers as processes of their owners' accounts.
 
@@ -255,6 +398,8 @@ class LocalDaskExecutor:
     local spawner does for servers; the spawner class refuses owners whose servers share the
     hub's account); ``gpu_of(uuid)``: the inventory's GPU behind a share. ``start_timeout``:
     how long a scheduler may take to accept TLS connections before the start counts as failed.
+    ``forkserver``: start processes warm, forked by the owner's fork server (module docstring);
+    ``forkserver_idle_seconds``: how long a fork server with no child waits for the next start.
     """
 
     def __init__(
@@ -266,6 +411,8 @@ class LocalDaskExecutor:
         python: str = sys.executable,
         start_timeout: float = 60.0,
         poll_seconds: float = 0.1,
+        forkserver: bool = True,
+        forkserver_idle_seconds: float = 60.0,
     ) -> None:
         self.clusters_dir = Path(state_dir) / "dask-clusters"
         self.account_for, self.gpu_of = account_for, gpu_of
@@ -274,6 +421,13 @@ class LocalDaskExecutor:
         self.poll_seconds = poll_seconds
         self.sessions = Sessions(error=DaskExecutorError, poll_seconds=poll_seconds)
         check_hub_root(self.clusters_dir, "Dask clusters directory", DaskExecutorError)
+        self.use_forkserver = forkserver
+        self.forkserver_idle_seconds = forkserver_idle_seconds
+        self._forkservers: dict[int, ForkServer] = {}
+        self._forkserver_starts: dict[int, asyncio.Task[ForkServer | None]] = {}
+        self._forkserver_failed_at: dict[int, float] = {}
+        #: (pid, start ticks) of every process a fork server started -> that fork server
+        self._forked: dict[tuple[int, int], ForkServer] = {}
 
     # -- files -----------------------------------------------------------------------------------
 
@@ -331,33 +485,53 @@ class LocalDaskExecutor:
 
     # -- start -----------------------------------------------------------------------------------
 
-    def _spawn(
+    def _open_log(self, files: ClusterFiles, number: int | None, account: SystemAccount) -> int:
+        private = private_group(account)
+        return open_hub_file(
+            str(files.log("scheduler" if number is None else worker_name(number))),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            0o640 if private else 0o600,
+            account.gid if private else None,
+        )
+
+    async def _launch(
         self,
         role: Role,
         cluster: Cluster,
         number: int | None,
-        argv: list[str],
+        args: list[str],
         account: SystemAccount,
         files: ClusterFiles,
         env: Mapping[str, str],
         first_line: str = "",
     ) -> ProcessHandle:
+        """Start the scheduler's or a worker's launcher with ``args``: forked by the owner's
+        fork server where it runs, else cold (a new Python)."""
         groups = check_identity(account, f"a Dask {role}", DaskExecutorError)
-        private = private_group(account)
-        log = files.log("scheduler" if number is None else worker_name(number))
-        fd = open_hub_file(
-            str(log),
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-            0o640 if private else 0o600,
-            account.gid if private else None,
-        )
+        fd = await asyncio.to_thread(self._open_log, files, number, account)
         try:
             if first_line:
                 os.write(fd, f"{first_line}\n".encode())
             started_at = time.time()
-            started = self.sessions.spawn(
-                argv, account=account, groups=groups, env=env, stdout=fd, stderr=fd
-            )
+            server = await self._forkserver(account, env["HOME"]) if forkable(env) else None
+            started: Started | None = None
+            if server is not None:
+                try:
+                    started = await self._forked_start(server, role, args, env, fd, account)
+                except DaskExecutorError as e:
+                    LOG.warning("gpulab: a warm Dask %s start failed, starting cold: %s", role, e)
+            if started is None:
+                module = SCHEDULER_MODULE if role == "scheduler" else WORKER_MODULE
+                argv = [self.python, "-m", module, *args]
+                started = await asyncio.to_thread(
+                    self.sessions.spawn,
+                    argv,
+                    account=account,
+                    groups=groups,
+                    env=env,
+                    stdout=fd,
+                    stderr=fd,
+                )
         finally:
             os.close(fd)
         handle = ProcessHandle(
@@ -369,11 +543,126 @@ class LocalDaskExecutor:
             boot_id=started.boot_id,
             uid=account.uid,
             started_at=started_at,
-            log=str(log),
+            log=str(files.log("scheduler" if number is None else worker_name(number))),
         )
         with contextlib.suppress(FileNotFoundError):
             os.unlink(handle.ended_by_path)
         return handle
+
+    async def _forked_start(
+        self,
+        server: ForkServer,
+        role: Role,
+        args: list[str],
+        env: Mapping[str, str],
+        log: int,
+        account: SystemAccount,
+    ) -> Started:
+        pid = await server.start(role, args, env, log)
+        # the pid comes from the owner's process: taken only if the kernel agrees
+        st = await asyncio.to_thread(proc_stat, pid)
+        if st is None:
+            status = await server.exit_status(pid, 1.0)
+            raise DaskExecutorError(f"the forked {role} ended as it started (status {status})")
+        if (
+            st.sid != pid
+            or await asyncio.to_thread(_ppid, pid) != server.started.pid
+            or await asyncio.to_thread(_uid_of, pid) != account.uid
+        ):
+            # a fork server that names what it did not start is trusted no more: it ends
+            self._forkserver_failed_at[account.uid] = time.monotonic()
+            await self._end_forkserver(server)
+            raise DaskExecutorError(
+                f"the fork server named process {pid}, which is not a child of its own leading "
+                f"a session as {account.name!r}"
+            )
+        self._forked[(pid, st.start_ticks)] = server
+        return Started(pid, st.start_ticks, boot_id())
+
+    async def _forkserver(self, account: SystemAccount, home: str) -> ForkServer | None:
+        """The owner's running fork server, started where needed; None where there is none
+        (turned off, failed lately): starts are then cold."""
+        if not self.use_forkserver:
+            return None
+        server = self._forkservers.get(account.uid)
+        if server is not None and not server.closed:
+            return server
+        failed_at = self._forkserver_failed_at.get(account.uid)
+        if failed_at is not None and time.monotonic() - failed_at < FORKSERVER_RETRY_SECONDS:
+            return None
+        starting = self._forkserver_starts.get(account.uid)
+        if starting is None:
+            starting = asyncio.ensure_future(self._start_forkserver(account, home))
+            self._forkserver_starts[account.uid] = starting
+            starting.add_done_callback(lambda _t: self._forkserver_starts.pop(account.uid, None))
+        return await asyncio.shield(starting)
+
+    async def _start_forkserver(self, account: SystemAccount, home: str) -> ForkServer | None:
+        groups = check_identity(account, "a Dask fork server", DaskExecutorError)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        log = str(self.clusters_dir / f"forkserver-{account.uid}.log")
+        fd = open_hub_file(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600, None)
+        argv = [
+            self.python,
+            "-m",
+            FORKSERVER_MODULE,
+            "--control-fd",
+            str(theirs.fileno()),
+            "--idle-seconds",
+            f"{self.forkserver_idle_seconds:g}",
+        ]
+        try:
+            started = await asyncio.to_thread(
+                self.sessions.spawn,
+                argv,
+                account=account,
+                groups=groups,
+                env=clean_environment(self.python, home, account),
+                stdout=fd,
+                stderr=fd,
+                pass_fds=(theirs.fileno(),),
+            )
+        except Exception as e:
+            ours.close()
+            self._forkserver_failed_at[account.uid] = time.monotonic()
+            LOG.warning(
+                "gpulab: no Dask fork server for %s (starts stay cold): %s", account.name, e
+            )
+            return None
+        finally:
+            theirs.close()
+            os.close(fd)
+        server = ForkServer(started, ours, account.uid)
+        try:
+            await asyncio.wait_for(server.ready, self.start_timeout)
+        except (DaskExecutorError, TimeoutError) as e:
+            server.close()
+            await self.sessions.stop(
+                started.pid, started.start_ticks, started.boot_id, 0.0, "a Dask fork server"
+            )
+            self._forkserver_failed_at[account.uid] = time.monotonic()
+            LOG.warning(
+                "gpulab: the Dask fork server of %s did not start (starts stay cold; its log: "
+                "%s): %s",
+                account.name,
+                log,
+                e,
+            )
+            return None
+        self._forkservers[account.uid] = server
+        return server
+
+    async def _end_forkserver(self, server: ForkServer) -> None:
+        if self._forkservers.get(server.uid) is server:
+            del self._forkservers[server.uid]
+        server.close()
+        st = server.started
+        await self.sessions.stop(st.pid, st.start_ticks, st.boot_id, 5.0, "a Dask fork server")
+
+    async def close(self) -> None:
+        """End every fork server (clusters keep running; a later start makes a new one)."""
+        for server in list(self._forkservers.values()):
+            await self._end_forkserver(server)
 
     async def _account(self, owner: str) -> tuple[SystemAccount, str]:
         account, home = await self.account_for(owner)
@@ -388,10 +677,7 @@ class LocalDaskExecutor:
         files = await asyncio.to_thread(self._prepare, cluster, account, tls)
         # a fresh name per start: a file an earlier scheduler left is never taken for this one's
         scheduler_file = files.run / f"scheduler-{os.urandom(6).hex()}.json"
-        argv = [
-            self.python,
-            "-m",
-            SCHEDULER_MODULE,
+        args = [
             "--scheduler-file",
             str(scheduler_file),
             "--host",
@@ -404,9 +690,7 @@ class LocalDaskExecutor:
             "127.0.0.1:0",
         ]
         env = self._environment(account, home, files, {})
-        handle = await asyncio.to_thread(
-            self._spawn, "scheduler", cluster, None, argv, account, files, env
-        )
+        handle = await self._launch("scheduler", cluster, None, args, account, files, env)
         try:
             address, dashboard_port = await self._wait_ready(handle, scheduler_file, files)
         except BaseException:
@@ -509,12 +793,11 @@ class LocalDaskExecutor:
         files = await asyncio.to_thread(self._prepare, cluster, account, tls)
         env = self._environment(account, home, files, self.worker_environment(cluster, placement))
         shares = ", ".join(f"{s.uuid} ({s.milli / 1000:g} GPU)" for s in placement.gpus) or "none"
-        handle = await asyncio.to_thread(
-            self._spawn,
+        handle = await self._launch(
             "worker",
             cluster,
             worker.number,
-            argv,
+            argv[3:],  # after python -m WORKER_MODULE
             account,
             files,
             env,
@@ -557,13 +840,15 @@ class LocalDaskExecutor:
         """Whether any process of it still runs (after a hub restart too)."""
         return await asyncio.to_thread(self._running, ProcessHandle.from_dict(handle))
 
-    def _exit_reason(self, process: ProcessHandle) -> str:
+    def _exit_reason(self, process: ProcessHandle, forked_status: int | None) -> str:
         if self._running(process):
             return ""
         ended_by = (read_small(process.ended_by_path, 64) or b"").decode(errors="replace")
         if ended_by == "stopped":
             return "stopped by the hub"
         code = self.sessions.returncode(process.pid, process.start_ticks)
+        if code is None:
+            code = forked_status
         if code is None:
             return ""  # ended while another hub ran it: no exit status
         if code < 0:
@@ -579,7 +864,13 @@ class LocalDaskExecutor:
     async def exit_reason(self, handle: Handle) -> str:
         """'exited with status 1: <the log's last line>', 'killed by SIGKILL', 'stopped by the
         hub'; '' while it runs or when unknown (it ended under an earlier hub)."""
-        return await asyncio.to_thread(self._exit_reason, ProcessHandle.from_dict(handle))
+        process = ProcessHandle.from_dict(handle)
+        server = self._forked.get((process.pid, process.start_ticks))
+        status = None
+        if server is not None and not await asyncio.to_thread(self._running, process):
+            # its fork server reaps it and reports the status a moment after it ended
+            status = await server.exit_status(process.pid, 2.0)
+        return await asyncio.to_thread(self._exit_reason, process, status)
 
 
 def _last_line(path: str, limit: int = 4096) -> str:

@@ -15,7 +15,8 @@ environment on the embedded default), the worker preloads `jupyterlab_gpulab.das
 which replaces them with the share's (the GPU monitor's share-aware source). Both backends start
 workers through this launcher, so neither can forget it.
 
-A plain worker's Nanny starts its worker process by forking (`START_METHOD_ENV`), not by
+A plain worker runs in this process (no second Python start); dask-cuda's is exec'd. A plain
+worker's Nanny starts its worker process by forking (`START_METHOD_ENV`), not by
 distributed's default, spawning: a spawned process starts Python and imports distributed all
 over again, which made a worker take twice the start-up CPU and cluster-up time of a
 LocalCluster's (bench.dask); a forked one has it imported already. The Nanny stays (it still
@@ -95,7 +96,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(message, flush=True)
     dask_cuda = holds_gpu and dask_cuda_installed  # as worker_argv chose
-    os.execve(command[0], command, worker_process_environment(os.environ, dask_cuda=dask_cuda))
+    env = worker_process_environment(os.environ, dask_cuda=dask_cuda)
+    if dask_cuda:
+        os.execve(command[0], command, env)
+    # a plain worker runs in this process: one Python start, not two
+    os.environ.update(env)
+    reload_dask_config()
+    from distributed.cli.dask_worker import main as dask_worker
+
+    dask_worker.main(args=command[3:], prog_name="dask worker")
+
+
+def reload_dask_config() -> None:
+    """Dask's config read again from the environment and the config paths, as a fresh process
+    reads it, where Dask is imported already (a process forked by the fork server: the paths
+    include ``DASK_CONFIG``, which differs per cluster); nothing to do where it is not."""
+    if "dask.config" not in sys.modules:
+        return
+    import dask.config
+
+    own = os.environ.get("DASK_CONFIG")
+    if own:
+        dask.config.PATH = own
+        if own not in dask.config.paths:
+            dask.config.paths.append(own)
+    dask.config.refresh()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import re
 import signal
@@ -39,6 +40,7 @@ from gpulab.spawner.local.dask import (
     worker_args,
 )
 from gpulab.spawner.local.spawner import GPUSimpleLocalSpawner
+from gpulab.spawner.environment import CAPS_HOOK_DIR
 from gpulab.spawner.names import (
     GPU_FRACTION_ENV,
     GPU_MEMORY_LIMIT_MIB_ENV,
@@ -241,6 +243,13 @@ async def test_cluster_of_two_workers_computes_as_its_owner_with_its_shares(
         assert env("OMP_NUM_THREADS") == {"w1": "2", "w2": "2"}
         assert env("JUPYTERHUB_API_TOKEN") == {"w1": None, "w2": None}
         assert set((await client.run(os.getuid)).values()) == {alice.uid}
+        # the quarter share's worker runs the framework caps hook, as a new Python on its
+        # PYTHONPATH would (it was forked warm: the fork server applies PYTHONPATH itself)
+        # (find_spec answers an imported module's own spec: where it was loaded from)
+        specs = await client.run(importlib.util.find_spec, "sitecustomize")
+        hooks = {workers[a]: getattr(spec, "origin", None) for a, spec in specs.items()}
+        assert hooks["w1"] == str(Path(CAPS_HOOK_DIR, "sitecustomize.py"))
+        assert hooks["w2"] != hooks["w1"]
         info = await client.scheduler.identity(n_workers=-1)
         nthreads = {w["name"]: w["nthreads"] for w in info["workers"].values()}
         assert nthreads == {"w1": 1, "w2": 2}
@@ -281,7 +290,17 @@ async def test_cluster_of_two_workers_computes_as_its_owner_with_its_shares(
     assert "scheduler" in argv and worker_name(2) in argv
     assert prefix not in argv and "PRIVATE KEY" not in argv and HUB_SECRET not in argv
 
-    # a restarted hub (a new executor, no parent of them) finds and stops them all
+    # the scheduler and workers were forked warm by alice's fork server, each leading a session
+    # of its own, titled as a cold start would be
+    for handle in [*handles, started.handle]:
+        forkserver = executor._forked[(handle["pid"], handle["start_ticks"])].started.pid
+        assert Path(f"/proc/{handle['pid']}/stat").read_text().split(") ")[1].split()[1] == str(
+            forkserver
+        )
+
+    # a restarted hub (a new executor, no parent of them) finds and stops them all; the old
+    # hub's end of the fork server's socket closes with it
+    await executor.close()
     restarted = executor_for(state_dir, alice)
     scheduler_handle = started.handle
     for handle in [*handles, scheduler_handle]:
@@ -320,6 +339,7 @@ async def test_first_lines_of_a_worker_log_say_where_it_runs_and_which_worker(
     finally:
         await executor.stop(handle, 2.0)
         await executor.stop(started.handle, 2.0)
+        await executor.close()
     assert pids_of_uid(alice.uid) == []
 
 
@@ -421,4 +441,73 @@ async def test_a_worker_killed_from_outside_says_so_and_stop_ends_what_it_left(
     assert not await executor.running(handle)
     assert await executor.exit_reason(handle) == "killed by SIGKILL"
     await executor.stop(started.handle, 2.0)
+    await executor.close()
+    assert pids_of_uid(alice.uid) == []
+
+
+async def test_a_fork_server_with_no_child_ends_by_itself(
+    state_dir: Path, alice: SystemAccount
+) -> None:
+    executor = executor_for(state_dir, alice, forkserver_idle_seconds=1.0)
+    tls = make_cluster_tls("dask-alice-7")
+    started = await executor.start_scheduler(cluster(), placement("alice/dask-7-scheduler"), tls)
+    assert (started.handle["pid"], started.handle["start_ticks"]) in executor._forked
+    await executor.stop(started.handle, 2.0)
+    deadline = time.monotonic() + 30
+    while pids_of_uid(alice.uid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert pids_of_uid(alice.uid) == []
+    # the next start finds it gone and makes a new one
+    again = await executor.start_scheduler(cluster(), placement("alice/dask-7-scheduler"), tls)
+    assert (again.handle["pid"], again.handle["start_ticks"]) in executor._forked
+    await executor.stop(again.handle, 2.0)
+    await executor.close()
+    assert pids_of_uid(alice.uid) == []
+
+
+def sleeper(account: SystemAccount) -> subprocess.Popen[bytes]:
+    """A process of ``account``'s leading a session of its own (what a lie could name)."""
+    return subprocess.Popen(
+        ["sleep", "60"],
+        user=account.uid,
+        group=account.gid,
+        extra_groups=[],
+        start_new_session=True,
+    )
+
+
+async def test_a_pid_the_fork_server_did_not_start_is_never_taken(
+    state_dir: Path, alice: SystemAccount, make_account: Any
+) -> None:
+    # alice can write to her own fork server: were it to name another tenant's process (or one
+    # of hers it did not fork), the hub would stop or report that process as her scheduler
+    bob = make_account("bob")
+    victims = [sleeper(bob), sleeper(alice)]
+    executor = executor_for(state_dir, alice)
+    tls = make_cluster_tls("dask-alice-7")
+    try:
+        for victim in victims:
+            server = await executor._forkserver(alice, alice.home)
+            if server is None:  # distrusted after the first lie: retried a minute later
+                executor._forkserver_failed_at.clear()
+                server = await executor._forkserver(alice, alice.home)
+            assert server is not None
+
+            async def lie(*_args: Any, pid: int = victim.pid) -> int:
+                return pid
+
+            server.start = lie  # type: ignore[method-assign]
+            started = await executor.start_scheduler(
+                cluster(), placement("alice/dask-7-scheduler"), tls
+            )
+            # started cold instead; the lying fork server ended; the victim untouched
+            assert started.handle["pid"] != victim.pid
+            assert (started.handle["pid"], started.handle["start_ticks"]) not in executor._forked
+            assert server.closed and victim.poll() is None
+            await executor.stop(started.handle, 2.0)
+    finally:
+        for victim in victims:
+            victim.kill()
+            victim.wait()
+        await executor.close()
     assert pids_of_uid(alice.uid) == []
