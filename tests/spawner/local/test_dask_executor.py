@@ -32,6 +32,7 @@ from gpulab.hub.allocator import GpuShare, Placement, Request
 from gpulab.hub.dask import Cluster, ClusterSpec, Worker, WorkerState, worker_name
 from gpulab.hub.daskservice.executor import ClusterTLS, DaskExecutor, RunsDaskClusters
 from gpulab.hub.daskservice.tls import make_cluster_tls
+from gpulab.spawner.environment import CAPS_HOOK_DIR
 from gpulab.spawner.local.accounts import SystemAccount
 from gpulab.spawner.local.dask import (
     DaskExecutorError,
@@ -40,7 +41,6 @@ from gpulab.spawner.local.dask import (
     worker_args,
 )
 from gpulab.spawner.local.spawner import GPUSimpleLocalSpawner
-from gpulab.spawner.environment import CAPS_HOOK_DIR
 from gpulab.spawner.names import (
     GPU_FRACTION_ENV,
     GPU_MEMORY_LIMIT_MIB_ENV,
