@@ -101,6 +101,17 @@ class KeepsWarmLaunchers(Protocol):
 
 
 @runtime_checkable
+class CleansUpEndedClusters(Protocol):
+    """An optional capability: an executor that keeps files of a cluster outside its processes
+    (the local backend: the cluster's TLS key and config, the workers' spill); the service
+    calls it once nothing of the cluster runs. (On Kubernetes the objects' owner references
+    take such things with the cluster.)"""
+
+    async def cluster_ended(self, cluster: Cluster) -> None:
+        """Remove what the cluster's processes no longer need (logs may stay)."""
+
+
+@runtime_checkable
 class RunsDaskClusters(Protocol):
     """A spawner class whose backend runs Dask clusters: the hub asks
     ``JupyterHub.spawner_class`` for its executor (a spawner class without it runs none, and

@@ -101,7 +101,13 @@ from gpulab.hub.jobs import PlacementSummary, share_label
 from gpulab.hub.jobs.queue import quota_usage
 from gpulab.hub.profiles import Profile
 
-from .executor import ClusterTLS, DaskExecutor, Handle, KeepsWarmLaunchers
+from .executor import (
+    CleansUpEndedClusters,
+    ClusterTLS,
+    DaskExecutor,
+    Handle,
+    KeepsWarmLaunchers,
+)
 from .monitor import SchedulerMonitor, SchedulerView
 
 log = logging.getLogger("gpulab.dask")
@@ -778,6 +784,11 @@ class DaskService:
         )
         await self._stop_component(cluster_id, SCHEDULER_COMPONENT, SCHEDULER_STOP_GRACE_SECONDS)
         await self.capacity.release(scheduler_allocation_id(cluster.owner, cluster_id))
+        if isinstance(self.executor, CleansUpEndedClusters):
+            try:  # nothing of it runs now: its key and the workers' spill go
+                await self.executor.cluster_ended(cluster)
+            except Exception:
+                log.exception("Dask cluster %d: removing its files failed", cluster_id)
         for _ in range(10):
             cluster = await self._get(cluster_id)
             if cluster.state is not ClusterState.STOPPING:

@@ -43,6 +43,7 @@ Files and their owners::
         dask.yaml                       the owner's, 0600: TLS paths, require-encryption, the
                                         dashboard prefix (DASK_CONFIG of every process)
         scheduler.log, w<n>.log         root:<owner's group> 0640 (0600 if shared), appended
+                                        (kept after the cluster ended; the rest goes then)
         run/                            the owner's, 0700: scheduler files, workers' spill
                                         (Dask's temporary-directory)
 
@@ -69,6 +70,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -807,6 +809,21 @@ class LocalDaskExecutor:
         return handle.to_dict()
 
     # -- stop, running, exit reason --------------------------------------------------------------
+
+    def _remove_cluster_files(self, cluster_id: int) -> None:
+        files = ClusterFiles(self.clusters_dir / f"cluster-{cluster_id}")
+        for path in (files.cert, files.key, files.config):
+            for name in (path, path.with_name(f".{path.name}.new")):
+                with contextlib.suppress(FileNotFoundError):
+                    name.unlink()
+        # the owner's folder: rmtree removes its entries without following her symlinks
+        shutil.rmtree(files.run, ignore_errors=True)
+
+    async def cluster_ended(self, cluster: Cluster) -> None:
+        """Nothing of ``cluster`` runs any more: its TLS key and certificate, its Dask config
+        and ``run/`` (scheduler files, the workers' spill) go; its logs stay for its owner and
+        the hub's exit reasons."""
+        await asyncio.to_thread(self._remove_cluster_files, cluster.id)
 
     def _running(self, handle: ProcessHandle) -> bool:
         """Whether anything of its session runs: its leader (the scheduler, the worker's nanny)

@@ -314,6 +314,18 @@ async def test_cluster_of_two_workers_computes_as_its_owner_with_its_shares(
         assert not await executor.running(handle)
         assert await executor.exit_reason(handle) == "stopped by the hub"
 
+    # once the cluster ended its key, config and spill go, its logs stay; a link alice planted in
+    # her run/ folder is removed, never followed
+    bobs = Path(bob.home) / "notes.txt"
+    bobs.write_text("bob's")
+    (files / "run" / "link").symlink_to(bobs)
+    (files / "run" / "spill").mkdir()
+    (files / "run" / "spill" / "x.bin").write_bytes(b"0" * 1024)
+    await restarted.cluster_ended(cluster())
+    kept = sorted(p.name for p in files.iterdir() if not p.name.endswith(".ended-by"))
+    assert kept == ["scheduler.log", "w1.log", "w2.log"]  # (and why each ended)
+    assert bobs.read_text() == "bob's"
+
 
 async def test_first_lines_of_a_worker_log_say_where_it_runs_and_which_worker(
     state_dir: Path, alice: SystemAccount

@@ -98,6 +98,10 @@ async def test_a_kernels_gpucluster_computes_and_leaves_nothing(make_hub: Any) -
     # it has been idle for a minute (spawner/local/dask.py)
     left = processes_of(hub.account("alice").pw_uid, "dask")
     assert [c for c in left if FORKSERVER_MODULE not in c] == []
+    # the cluster's key, config and spill are gone with it; its logs stay
+    folder = hub.state_dir / "dask-clusters" / "cluster-1"
+    kept = {p.name for p in folder.iterdir() if not p.name.endswith(".ended-by")}
+    assert kept == {"scheduler.log", "w1.log", "w2.log"}
 
 
 FROM_NAME = """
