@@ -515,6 +515,9 @@ class Times:
     #: part of cluster-up: until the scheduler answers (gpulab's side: its credentials)
     scheduler: list[float] = field(default_factory=list)
     left: list[Leftovers] = field(default_factory=list)
+    #: the warm-up's cluster-up: the run's first cluster (gpulab's side starts the owner's fork
+    #: server with it; the anchor imports the dashboard with it)
+    first_up: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -574,12 +577,12 @@ def measure(backend: Backend, n: int, rounds: int, leak_wait: float) -> None:
     last shutdown (a warm-up's leftovers count too)."""
     for side in list(backend.sides):
         try:
-            _, left = one_round(side, n)
+            (first_up, *_), left = one_round(side, n)
         except Exception as e:  # the table says why; the other side is still measured
             backend.missing[side.name] = f"the warm-up failed: {type(e).__name__}: {e}"[:300]
             backend.sides.remove(side)
             continue
-        backend.times[side.name] = Times(left=[left])
+        backend.times[side.name] = Times(left=[left], first_up=[first_up])
     for i in range(rounds):
         order = backend.sides if i % 2 == 0 else list(reversed(backend.sides))
         for side in order:
@@ -648,6 +651,9 @@ def print_backend(backend: Backend, n: int) -> float | None:
         if what.startswith("cluster-up") and "gpulab" in backend.times:
             label = f"{backend.title}: {what}, gpulab: of it, POST to scheduler answering"
             print(f"{label:<{WIDTH}} {_stats(backend.times['gpulab'].scheduler)}")
+            for name, times in backend.times.items():
+                label = f"{backend.title}: {what}, the run's first (warm-up), {labels[name]}"
+                print(f"{label:<{WIDTH}} {_stats(times.first_up)}")
     for name, (count, lines) in backend.leaked.items():
         shut = len(backend.times[name].left)
         print(

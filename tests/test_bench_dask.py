@@ -51,6 +51,7 @@ def test_the_benchmark_run_small_prints_its_table_and_the_contracts_last_line() 
     if bench_dask.gpulab_local_unavailable() is None:
         assert "local: cluster-up to 2 workers, ratio gpulab/anchor" in text, text
         assert "gpulab: of it, POST to scheduler answering" in text, text
+        assert "the run's first (warm-up), gpulab" in text, text
         assert "local: leaked after shutdown, gpulab" in text, text
         ratio = float(fields["local_up_ratio"])
         assert math.isfinite(ratio) and ratio > 0, last
