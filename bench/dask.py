@@ -21,8 +21,9 @@ measurement contract).
 
 A side that cannot run (its warm-up fails, or this checkout lacks it) is a row saying why, and
 its backend's ratio is n/a. Known: the stock KubeCluster fails on the dev cluster's Kubernetes
-1.20.2, because kr8s 0.20.15 (dask-kubernetes' client; it supports 1.28 to 1.35) looks `pods` up
-as version "/v1" there and returns generic objects, so `Service.ready()` raises TypeError.
+1.20.2, because kr8s 0.20.15 (dask-kubernetes' client; it supports 1.28 to 1.35) builds kinds
+from discovery's `singularName`, which Kubernetes before 1.27 leaves empty: it looks `pods` up
+as "/v1", gets generic objects, and `Service.ready()` raises TypeError (kr8s PR #651).
 
 Per backend, rounds alternate anchor and gpulab (order flipped every round; one untimed warm-up
 each). A round on one side: cluster-up (from the call that asks for a cluster of N workers to a
@@ -52,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -64,7 +66,6 @@ import psutil
 from traitlets.config import Config
 
 from bench._spawning import percentile
-from gpulab.spawner.local.dask import FORKSERVER_MODULE
 
 USER = "bench"
 PROFILE = "gpu-quarter"
@@ -334,6 +335,10 @@ class GpulabLocal:
 
     def leaked(self, left: list[Leftovers]) -> tuple[int, list[str]]:
         lines = live_pids(left)
+        # imported here: the stock LocalCluster's spawned workers import this module again, and
+        # an import of gpulab's executor at the top would slow the anchor down
+        from gpulab.spawner.local.dask import FORKSERVER_MODULE
+
         # any dask process of the owner's account: a scheduler, a nanny, a worker's child; not
         # her fork server, which holds no share and no cluster and ends by itself once idle
         # (spawner/local/dask.py)
@@ -804,7 +809,8 @@ def main(argv: list[str] | None = None) -> int:
                     local.missing["gpulab"] = why_not_local
                 # without gpulab's side, the anchor alone: its numbers are there, gpulab's rows
                 # say why not
-                measure(local, n, rounds, leak_wait)
+                with main_module_as_in_a_notebook():
+                    measure(local, n, rounds, leak_wait)
         why_not_kube = "--no-kube" if args.no_kube else kube_unavailable()
         if why_not_kube is None:
             kube = run_kube(root, n, rounds, leak_wait, anchor=not args.no_kube_anchor)
@@ -825,6 +831,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"local_up_ratio={_fmt(local_ratio)} kube_up_ratio={_fmt(kube_ratio)} leaked={leaked}")
     sys.stdout.flush()
     return 0
+
+
+@contextmanager
+def main_module_as_in_a_notebook() -> Iterator[None]:
+    """The stock LocalCluster's workers are spawned, and a spawned process imports its parent's
+    ``__main__`` again. In a notebook that is the kernel's, which has no file: they import
+    nothing. Run as ``python -m bench.dask`` it would be this bench (0.3 s of imports per
+    worker, which would slow the anchor down): while the local backend is measured, a bare
+    module stands in for it, as in a notebook (this module's functions keep their own globals;
+    nothing of it is pickled to workers)."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 if __name__ == "__main__":

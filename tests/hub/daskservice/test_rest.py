@@ -19,6 +19,7 @@ from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 from traitlets.config import Config
 
+from gpulab.spawner.local.dask import FORKSERVER_MODULE
 from gpulab.spawner.names import GPU_FRACTION_ENV
 from tests.harness.hub import Hub
 
@@ -66,7 +67,7 @@ def until(
 
 def cluster_processes(hub: Hub, user: str) -> list[psutil.Process]:
     """The owner's Dask processes (schedulers and workers), found by their account and command
-    line."""
+    line; not her fork server, which runs no cluster (spawner/local/dask.py)."""
     uid = hub.account(user).pw_uid
     out = []
     for proc in psutil.process_iter(["uids", "cmdline"]):
@@ -75,6 +76,8 @@ def cluster_processes(hub: Hub, user: str) -> list[psutil.Process]:
                 continue
             cmdline = " ".join(proc.info["cmdline"] or [])
         except psutil.Error:
+            continue
+        if FORKSERVER_MODULE in cmdline:
             continue
         if "distributed" in cmdline or "dask" in cmdline:
             out.append(proc)
