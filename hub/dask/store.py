@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from ..jobs.model import PlacementSummary
-from ..jobs.store import SchemaTooNew, dumps, make_engine, upsert, writing
+from ..jobs.store import create_schema, dumps, make_engine, upsert, writing
 from .model import (
     FINAL_CLUSTER_STATES,
     HOLDING_WORKER_STATES,
@@ -155,24 +155,14 @@ class ClusterStore:
         self.engine.dispose()
 
     def _create_schema(self) -> None:
-        with writing(self.engine) as conn:
-            if conn.dialect.name == "postgresql":
-                # hub workers starting together would both find a table missing and create it
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(4242160017)"))
-            for table in metadata.sorted_tables:
-                conn.execute(sa.schema.CreateTable(table, if_not_exists=True))
-                for index in table.indexes:
-                    conn.execute(sa.schema.CreateIndex(index, if_not_exists=True))
-            stored = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
-            if stored is None:
-                conn.execute(schema_version.insert().values(version=SCHEMA_VERSION))
-            elif stored > SCHEMA_VERSION:
-                raise SchemaTooNew(
-                    f"the Dask clusters database "
-                    f"{self.engine.url.render_as_string(hide_password=True)} has schema version "
-                    f"{stored}, written by a newer gpulab; this one understands up to "
-                    f"{SCHEMA_VERSION}. Upgrade gpulab or point it at another database."
-                )
+        create_schema(
+            self.engine,
+            metadata,
+            schema_version,
+            SCHEMA_VERSION,
+            lock_id=4242160017,
+            what="Dask clusters",
+        )
 
     # -- clusters ------------------------------------------------------------------------------
 

@@ -258,28 +258,10 @@ class JobStore:
     # -- schema --------------------------------------------------------------------------------
 
     def _create_schema(self) -> None:
-        """Create the tables if missing and record the schema version; safe to run from several
-        processes at once."""
-        with self._writing() as conn:
-            if conn.dialect.name == "postgresql":
-                # two hub workers starting together would both find a table missing and both
-                # create it; the lock makes the second wait and then find it
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(4242160001)"))
-            for table in metadata.sorted_tables:
-                conn.execute(sa.schema.CreateTable(table, if_not_exists=True))
-                for index in table.indexes:
-                    conn.execute(sa.schema.CreateIndex(index, if_not_exists=True))
-            stored = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
-            # version 1 is the first schema: there is nothing older to migrate from yet
-            if stored is None:
-                conn.execute(schema_version.insert().values(version=SCHEMA_VERSION))
-            elif stored > SCHEMA_VERSION:
-                raise SchemaTooNew(
-                    f"the jobs database {self.engine.url.render_as_string(hide_password=True)} "
-                    f"has schema version {stored}, written by a newer gpulab; this one "
-                    f"understands up to {SCHEMA_VERSION}. Upgrade gpulab or point it at "
-                    "another database."
-                )
+        # version 1 is the first schema: there is nothing older to migrate from yet
+        create_schema(
+            self.engine, metadata, schema_version, SCHEMA_VERSION, lock_id=4242160001, what="jobs"
+        )
 
     @property
     def schema_version(self) -> int:
@@ -548,6 +530,38 @@ class JobStore:
 
 
 # -- rows <-> values ----------------------------------------------------------------------------
+
+
+def create_schema(
+    engine: Engine,
+    tables: sa.MetaData,
+    version_table: sa.Table,
+    version: int,
+    *,
+    lock_id: int,
+    what: str,
+) -> None:
+    """Create the tables of ``tables`` if missing and record ``version`` in ``version_table``;
+    ``SchemaTooNew`` when a newer gpulab wrote a higher one. Safe to run from several processes
+    at once: on PostgreSQL two hub workers starting together would both find a table missing
+    and both create it, so the advisory lock ``lock_id`` (one per store) makes the second wait
+    and then find it. ``what`` names the database in the error ("jobs", "Dask clusters")."""
+    with writing(engine) as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({int(lock_id)})"))
+        for table in tables.sorted_tables:
+            conn.execute(sa.schema.CreateTable(table, if_not_exists=True))
+            for index in table.indexes:
+                conn.execute(sa.schema.CreateIndex(index, if_not_exists=True))
+        stored = conn.execute(sa.select(sa.func.max(version_table.c.version))).scalar()
+        if stored is None:
+            conn.execute(version_table.insert().values(version=version))
+        elif stored > version:
+            raise SchemaTooNew(
+                f"the {what} database {engine.url.render_as_string(hide_password=True)} "
+                f"has schema version {stored}, written by a newer gpulab; this one "
+                f"understands up to {version}. Upgrade gpulab or point it at another database."
+            )
 
 
 def upsert(conn: Connection, table: sa.Table) -> Any:

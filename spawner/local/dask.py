@@ -509,7 +509,9 @@ class LocalDaskExecutor:
     ) -> ProcessHandle:
         """Start the scheduler's or a worker's launcher with ``args``: forked by the owner's
         fork server where it runs, else cold (a new Python)."""
-        groups = check_identity(account, f"a Dask {role}", DaskExecutorError)
+        groups = await asyncio.to_thread(
+            check_identity, account, f"a Dask {role}", DaskExecutorError
+        )
         fd = await asyncio.to_thread(self._open_log, files, number, account)
         try:
             if first_line:
@@ -600,10 +602,15 @@ class LocalDaskExecutor:
         return await asyncio.shield(starting)
 
     async def _start_forkserver(self, account: SystemAccount, home: str) -> ForkServer | None:
-        groups = check_identity(account, "a Dask fork server", DaskExecutorError)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # (the account's groups and the hub's log file: system calls, off the event loop)
+        groups = await asyncio.to_thread(
+            check_identity, account, "a Dask fork server", DaskExecutorError
+        )
         log = str(self.clusters_dir / f"forkserver-{account.uid}.log")
-        fd = open_hub_file(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600, None)
+        fd = await asyncio.to_thread(
+            open_hub_file, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600, None
+        )
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [
             self.python,
             "-m",
