@@ -21,6 +21,20 @@ ALLOCATIONS_READ = "custom:gpulab:allocations:read"
 #: filter names the owner: it reaches no other tenant's clusters.
 DASK = "custom:gpulab:dask"
 
+#: the GPU admin panel (/hub/gpulab/admin) and what it reads: every server, job and Dask worker
+#: with its GPU, live figures and idle times, every user's and group's GPU-hours and quota
+#: (/hub/api/gpulab/admin/..., /hub/api/gpulab/usage). Reading only: each action below has its own.
+ADMIN_READ = "custom:gpulab:admin-read"
+
+#: preempt another user's preemptible workload from the admin panel (its share goes back to the
+#: allocator; the owner is told). Stopping a server is JupyterHub's own `servers` scope.
+PREEMPT = "custom:gpulab:preempt"
+
+#: a user's own GPU-hours and remaining GPU-hour budget (/hub/api/gpulab/users/{user}/usage):
+#: granted as `custom:gpulab:usage!user` through the `user` role and every server's token; the
+#: `!user` filter names the owner, so it reads no other tenant's figures.
+USAGE = "custom:gpulab:usage"
+
 #: every custom scope gpulab defines, as `c.JupyterHub.custom_scopes` takes them
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     ALLOCATIONS_READ: {
@@ -29,6 +43,16 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     DASK: {
         "description": "Create, scale, stop and connect to Dask clusters, and open their "
         "dashboards.",
+    },
+    ADMIN_READ: {
+        "description": "Open the GPU admin panel: every workload's GPU, utilisation and idle "
+        "time, every user's and group's GPU-hours and quotas.",
+    },
+    PREEMPT: {
+        "description": "Preempt a preemptible (spot) workload of another user.",
+    },
+    USAGE: {
+        "description": "Read GPU-hours used and the GPU-hour budget left.",
     },
 }
 
