@@ -414,7 +414,9 @@ class GPUCapacity(SingletonConfigurable):
         owner: str,
         groups: frozenset[str],
         affinity_group: str | None = None,
+        workload: str = "server",
     ) -> Request:
+        """The allocator's request for one `workload` ("server", "job", "dask") of `profile`."""
         return Request(
             id=allocation_id,
             owner=owner,
@@ -427,6 +429,8 @@ class GPUCapacity(SingletonConfigurable):
             priority=profile.priority,  # type: ignore[arg-type]
             nvlink=False,
             affinity_group=affinity_group,
+            profile=profile.slug,
+            workload=workload,
         )
 
     def _probe(self, profile: Profile) -> Request:

@@ -24,6 +24,9 @@ DEFAULT_POLICY = "gpulab"
 #: What ``capacity`` returns for a request that asks for nothing.
 UNBOUNDED = sys.maxsize
 
+#: (every allocation held now, {id removed by this change: "released" | "preempted"})
+Listener = Callable[[list[Placement], dict[str, str]], None]
+
 
 @dataclass(frozen=True)
 class StaleAllocation:
@@ -66,6 +69,7 @@ class Allocator:
         self.store: AllocationStore = store if store is not None else MemoryStore()
         self.clock = clock
         self._lock = threading.RLock()
+        self._listeners: list[Listener] = []
         self._state = ClusterState(inventory)
         self._ledger = QuotaLedger(self.quota)
         self._placements: dict[str, Placement] = {}
@@ -173,7 +177,9 @@ class Allocator:
             if choice is None:
                 raise NoCapacity(self._failure_reason(request))
             node, option = choice
-            return self._commit(request, node, option, over_quota, [])
+            placement = self._commit(request, node, option, over_quota, [])
+            self._notify({})
+            return placement
 
     def release(self, request_id: str) -> Placement | None:
         """Free ``request_id``'s resources; idempotent, None when it is not held."""
@@ -188,6 +194,7 @@ class Allocator:
                 return None
             self.store.commit([], [request_id])
             self._forget(request_id)
+            self._notify({request_id: "released"})
             return placement
 
     def propose_preemption(
@@ -216,7 +223,9 @@ class Allocator:
             if found is None:
                 choice = self._choose(request)
                 assert choice is not None
-                return self._commit(request, choice[0], choice[1], over_quota, []), []
+                placement = self._commit(request, choice[0], choice[1], over_quota, [])
+                self._notify({})
+                return placement, []
             node, victims = found
             state = self._state
             for v in victims:
@@ -233,7 +242,30 @@ class Allocator:
                 raise
             for v in victims:
                 self._forget(v.placement.id, resources=False)
+            self._notify({v.placement.id: "preempted" for v in victims})
             return placement, [v.placement for v in victims]
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(allocations, removed)`` after every change, with every allocation
+        held now and why each one removed by it went ({id: "released" | "preempted"}). It runs
+        inside the allocator's lock, in order with the changes: it must be quick (the GPU-hour
+        ledger queues the snapshot and writes it elsewhere) and must not call the allocator."""
+        self._listeners.append(listener)
+
+    def notify_listeners(self) -> None:
+        """Call every listener with the allocations held now and nothing removed (a periodic
+        reconciliation: in order with the changes, since it holds the same lock)."""
+        with self._lock:
+            self._notify({})
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners = [x for x in self._listeners if x is not listener]
+
+    def _notify(self, removed: dict[str, str]) -> None:
+        if self._listeners:
+            held = list(self._placements.values())
+            for listener in self._listeners:
+                listener(held, removed)
 
     # -- internals --------------------------------------------------------------------------
 

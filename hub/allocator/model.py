@@ -164,6 +164,10 @@ class Request:
     affinity_group: str | None = None
     preferred_node: str | None = None
     preferred_nvlink_group: str | None = None
+    #: what the share is for, as the GPU-hour ledger and the admin panel report it: the profile's
+    #: slug and the kind of workload ("server", "job", "dask"); neither changes where it goes
+    profile: str | None = None
+    workload: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -203,7 +207,7 @@ class Request:
                 f"Request {self.id!r}: gpu_milli={self.gpu_milli} is a whole GPU or more; "
                 f"use num_gpu={self.gpu_milli // MILLI} for whole GPUs."
             )
-        for name in ("preferred_node", "preferred_nvlink_group"):
+        for name in ("preferred_node", "preferred_nvlink_group", "profile", "workload"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, str) and value):
                 raise InvalidRequest(

@@ -51,8 +51,9 @@ class MemoryStore:
 
 
 def request_to_dict(r: Request) -> dict[str, Any]:
-    """JSON-ready fields; the soft placement preferences only when set, so that rows and pod
-    annotations of requests without one read as they did before they existed."""
+    """JSON-ready fields; the soft placement preferences and the ledger's labels (profile,
+    workload) only when set, so that rows and pod annotations of requests without one read as
+    they did before they existed."""
     out: dict[str, Any] = {
         "id": r.id,
         "owner": r.owner,
@@ -70,6 +71,9 @@ def request_to_dict(r: Request) -> dict[str, Any]:
         out["preferred_node"] = r.preferred_node
     if r.preferred_nvlink_group is not None:
         out["preferred_nvlink_group"] = r.preferred_nvlink_group
+    for name in ("profile", "workload"):
+        if getattr(r, name) is not None:
+            out[name] = getattr(r, name)
     return out
 
 
@@ -88,6 +92,8 @@ def request_from_dict(d: dict[str, Any]) -> Request:
         affinity_group=d.get("affinity_group"),
         preferred_node=d.get("preferred_node"),
         preferred_nvlink_group=d.get("preferred_nvlink_group"),
+        profile=d.get("profile"),
+        workload=d.get("workload"),
     )
 
 

@@ -560,7 +560,11 @@ class DaskService:
         """Place and start one pending worker; why it waits, or None once it was admitted."""
         assert profile is not None
         base = self.capacity.request_for(
-            profile, allocation_id="-", owner=cluster.owner, groups=cluster.spec.groups
+            profile,
+            allocation_id="-",
+            owner=cluster.owner,
+            groups=cluster.spec.groups,
+            workload="dask",
         )
         request = worker_request(
             base,

@@ -164,7 +164,11 @@ class JobService:
 
     def _request(self, run: Run, spec: JobSpec, profile: Profile) -> Request:
         request = self.capacity.request_for(
-            profile, allocation_id=allocation_id(run), owner=spec.owner, groups=spec.groups
+            profile,
+            allocation_id=allocation_id(run),
+            owner=spec.owner,
+            groups=spec.groups,
+            workload="job",
         )
         if spec.preemptible and request.priority != "preemptible":
             # a preemptible job may be evicted for on-demand work, whatever its profile says

@@ -1,0 +1,259 @@
+"""The GPU-hour ledger's durable store (SQLAlchemy Core): intervals and the monitor's usage.
+
+SQLite on the embedded default (`gpulab-ledger.sqlite` in the hub's state directory) and
+PostgreSQL for cluster installs, the same engine set-up as the jobs and Dask stores. Every method
+is synchronous and one transaction; async callers use ``asyncio.to_thread``.
+
+Two processes write: the hub (intervals, at every allocator change and reconciliation) and the
+gpulab-metrics service (usage, the GPU-seconds each server's monitor saw used). Both are hub-side
+processes holding the hub's own database credentials; no user server can reach the database
+(its URL and password are in the hub's and the service's environment only, never a server's),
+so no tenant can write or read another's figures through it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection
+
+from ..jobs.store import create_schema, make_engine, upsert, writing
+from .model import Change, Holding, Interval, diff
+from .rollup import UsageSample
+
+SCHEMA_VERSION = 1
+SQLITE_FILE = "gpulab-ledger.sqlite"
+
+metadata = sa.MetaData()
+
+schema_version = sa.Table(
+    "gpulab_ledger_schema",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+)
+
+intervals = sa.Table(
+    "gpulab_gpu_intervals",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("allocation_id", sa.Text, nullable=False, index=True),
+    sa.Column("device", sa.Text, nullable=False),
+    sa.Column("user", sa.Text, nullable=False, index=True),
+    sa.Column("groups", sa.Text, nullable=False),  # JSON list
+    sa.Column("workload", sa.Text, nullable=False),
+    sa.Column("profile", sa.Text, nullable=False),
+    sa.Column("gpu_model", sa.Text, nullable=False),
+    sa.Column("mig_profile", sa.Text, nullable=True),
+    sa.Column("node", sa.Text, nullable=False),
+    sa.Column("milli", sa.Integer, nullable=False),
+    sa.Column("tier", sa.Text, nullable=False),
+    # whole seconds since the epoch; BigInteger: PostgreSQL's integer ends in 2038
+    sa.Column("start", sa.BigInteger, nullable=False, index=True),
+    sa.Column("end", sa.BigInteger, nullable=True, index=True),
+    sa.Column("end_reason", sa.Text, nullable=True),
+    sqlite_autoincrement=True,
+)
+
+usage = sa.Table(
+    "gpulab_gpu_usage",
+    metadata,
+    sa.Column("user", sa.Text, primary_key=True),
+    sa.Column("server", sa.Text, primary_key=True),
+    sa.Column("device", sa.Text, primary_key=True),
+    sa.Column("hour", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("used_gpu_seconds", sa.Float, nullable=False),
+    sa.Column("sampled_seconds", sa.Float, nullable=False),
+)
+
+
+def sqlite_url(state_dir: str | Path) -> str:
+    """The embedded default's ledger: ``gpulab-ledger.sqlite`` in the hub's state directory."""
+    return f"sqlite:///{Path(state_dir).resolve() / SQLITE_FILE}"
+
+
+class LedgerStore:
+    """Intervals and usage in SQLite or PostgreSQL."""
+
+    def __init__(self, url: str | URL, *, clock: Callable[[], float] = time.time) -> None:
+        self.engine = make_engine(url)
+        self.clock = clock
+        try:
+            create_schema(
+                self.engine,
+                metadata,
+                schema_version,
+                SCHEMA_VERSION,
+                lock_id=4242160018,
+                what="GPU-hour ledger",
+            )
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- intervals -----------------------------------------------------------------------------
+
+    def open_intervals(self) -> list[Interval]:
+        with self.engine.connect() as conn:
+            return self._open(conn)
+
+    @staticmethod
+    def _open(conn: Connection) -> list[Interval]:
+        rows = conn.execute(
+            sa.select(intervals).where(intervals.c.end.is_(None)).order_by(intervals.c.id)
+        )
+        return [_interval(r) for r in rows]
+
+    def sync(self, now_held: Iterable[Holding], t: int, **kw: Any) -> Change:
+        """Close and open intervals so that the open ones are exactly `now_held` from `t` on
+        (`gpulab.hub.ledger.model.diff`'s keywords: reasons, live_nodes, started); one
+        transaction, which holds the database's write lock from its start, so two writers never
+        both open the same holding."""
+        held = list(now_held)
+        with writing(self.engine) as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(4242160019)"))
+            change = diff(self._open(conn), held, t, **kw)
+            change = self._after_last_end(conn, change, t)
+            for interval_id, end, reason in change.close:
+                conn.execute(
+                    intervals.update()
+                    .where(intervals.c.id == interval_id, intervals.c.end.is_(None))
+                    .values(end=end, end_reason=reason)
+                )
+            if change.open:
+                conn.execute(intervals.insert(), [_values(h, start) for h, start in change.open])
+        return change
+
+    @staticmethod
+    def _after_last_end(conn: Connection, change: Change, t: int) -> Change:
+        """A holding opened before the write's time (its grant, found after a restart) starts
+        no earlier than the last interval of the same share ended: never counted twice."""
+        opened = []
+        for holding, start in change.open:
+            if start < t:
+                last = conn.execute(
+                    sa.select(sa.func.max(intervals.c.end)).where(
+                        intervals.c.allocation_id == holding.allocation_id,
+                        intervals.c.device == holding.device,
+                    )
+                ).scalar()
+                if last is not None:
+                    start = max(start, int(last))
+            opened.append((holding, start))
+        return Change(change.close, tuple(opened))
+
+    def intervals(
+        self, since: int, until: int, users: Collection[str] | None = None
+    ) -> list[Interval]:
+        """Intervals overlapping [since, until) (open ones included), oldest first."""
+        query = sa.select(intervals).where(
+            intervals.c.start < until,
+            sa.or_(intervals.c.end.is_(None), intervals.c.end > since),
+        )
+        if users is not None:
+            query = query.where(intervals.c.user.in_(sorted(users)))
+        with self.engine.connect() as conn:
+            return [_interval(r) for r in conn.execute(query.order_by(intervals.c.id))]
+
+    def allocated_totals(self, until: int) -> list[tuple[str, str, str, int]]:
+        """(user, profile, workload, milli-GPU-seconds) allocated ever, up to `until`: the
+        Prometheus counters (monotonic while the clock is)."""
+        end = sa.func.coalesce(intervals.c.end, until)
+        amount = sa.func.sum(intervals.c.milli * (end - intervals.c.start))
+        query = sa.select(
+            intervals.c.user, intervals.c.profile, intervals.c.workload, amount
+        ).group_by(intervals.c.user, intervals.c.profile, intervals.c.workload)
+        with self.engine.connect() as conn:
+            return [(u, p, w, int(a or 0)) for u, p, w, a in conn.execute(query)]
+
+    # -- usage ---------------------------------------------------------------------------------
+
+    def add_usage(self, samples: Iterable[UsageSample]) -> None:
+        """Add GPU-seconds used (and seconds sampled) to each sample's user/server/device/hour."""
+        rows = [
+            {
+                "user": s.user,
+                "server": s.server,
+                "device": s.device,
+                "hour": s.hour,
+                "used_gpu_seconds": float(s.used_gpu_seconds),
+                "sampled_seconds": float(s.sampled_seconds),
+            }
+            for s in samples
+        ]
+        if not rows:
+            return
+        with writing(self.engine) as conn:
+            stmt = upsert(conn, usage)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["user", "server", "device", "hour"],
+                set_={
+                    "used_gpu_seconds": usage.c.used_gpu_seconds + stmt.excluded.used_gpu_seconds,
+                    "sampled_seconds": usage.c.sampled_seconds + stmt.excluded.sampled_seconds,
+                },
+            )
+            conn.execute(stmt, rows)
+
+    def usage(
+        self, since: int, until: int, users: Collection[str] | None = None
+    ) -> list[UsageSample]:
+        """Usage of the hours that start within [since, until)."""
+        hour_of_since = since - since % 3600
+        query = sa.select(usage).where(usage.c.hour >= hour_of_since, usage.c.hour < until)
+        if users is not None:
+            query = query.where(usage.c.user.in_(sorted(users)))
+        with self.engine.connect() as conn:
+            return [
+                UsageSample(
+                    r.user,
+                    r.server,
+                    r.device,
+                    int(r.hour),
+                    float(r.used_gpu_seconds),
+                    float(r.sampled_seconds),
+                )
+                for r in conn.execute(query)
+            ]
+
+
+def _values(h: Holding, start: int) -> dict[str, Any]:
+    return {
+        "allocation_id": h.allocation_id,
+        "device": h.device,
+        "user": h.user,
+        "groups": json.dumps(list(h.groups)),
+        "workload": h.workload,
+        "profile": h.profile,
+        "gpu_model": h.gpu_model,
+        "mig_profile": h.mig_profile,
+        "node": h.node,
+        "milli": h.milli,
+        "tier": h.tier,
+        "start": start,
+    }
+
+
+def _interval(r: Any) -> Interval:
+    holding = Holding(
+        allocation_id=r.allocation_id,
+        device=r.device,
+        user=r.user,
+        groups=tuple(json.loads(r.groups)),
+        workload=r.workload,
+        profile=r.profile,
+        gpu_model=r.gpu_model,
+        mig_profile=r.mig_profile,
+        node=r.node,
+        milli=int(r.milli),
+        tier=r.tier,
+    )
+    end = None if r.end is None else int(r.end)
+    return Interval(int(r.id), holding, int(r.start), end, r.end_reason)

@@ -1,0 +1,183 @@
+"""The interval rule (`diff`) and the exact arithmetic of allocated GPU-hours."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulab.hub.allocator import Request
+from gpulab.hub.ledger import (
+    NODE_LOST,
+    PREEMPTED,
+    RELEASED,
+    RESIZED,
+    DeviceInfo,
+    Holding,
+    Interval,
+    RollupError,
+    UsageSample,
+    diff,
+    holdings,
+    rollup,
+    whole_second,
+    workload_of,
+)
+
+
+def holding(aid: str = "alice/", device: str = "gpu-0", milli: int = 250, **kw: object) -> Holding:
+    fields: dict[str, object] = {
+        "allocation_id": aid,
+        "device": device,
+        "user": aid.split("/")[0],
+        "groups": ("ml",),
+        "workload": "server",
+        "profile": "quarter",
+        "gpu_model": "A100",
+        "mig_profile": None,
+        "node": "n1",
+        "milli": milli,
+        "tier": "on-demand",
+    }
+    fields.update(kw)
+    return Holding(**fields)  # type: ignore[arg-type]
+
+
+def test_four_quarter_shares_for_an_hour_are_exactly_one_gpu_hour():
+    intervals = [Interval(i, holding(f"u{i}/", milli=250), start=7200, end=10800) for i in range(4)]
+    rows = rollup(intervals, [], since=0, until=86400, bucket="day", by=())
+    assert len(rows) == 1
+    assert rows[0].allocated_gpu_hours == 1.0
+    assert rows[0].allocated_milli_seconds == 1000 * 3600
+
+
+def test_an_interval_is_split_across_hours_days_and_months_without_loss():
+    # 2026-01-31 23:30 UTC to 2026-02-01 00:30: half an hour in each month
+    start = 1769902200
+    interval = Interval(1, holding(milli=1000), start=start, end=start + 3600)
+    months = rollup([interval], [], since=start - 86400, until=start + 86400, bucket="month")
+    assert [r.allocated_gpu_hours for r in months] == [0.5, 0.5]
+    hours = rollup([interval], [], since=start, until=start + 7200, bucket="hour")
+    assert [r.allocated_gpu_hours for r in hours] == [0.5, 0.5]
+
+
+def test_a_window_clips_open_and_closed_intervals():
+    intervals = [
+        Interval(1, holding("a/"), start=0, end=None),
+        Interval(2, holding("b/", milli=1000), start=1800, end=5400),
+    ]
+    rows = rollup(intervals, [], since=3600, until=7200, bucket="hour", by=("user",))
+    assert {r.key: r.allocated_gpu_hours for r in rows} == {("a",): 0.25, ("b",): 0.5}
+
+
+def test_group_rollups_count_an_interval_for_each_group():
+    interval = Interval(1, holding(groups=("ml", "vision"), milli=500), start=0, end=3600)
+    rows = rollup([interval], [], since=0, until=3600, bucket="hour", by=("group",))
+    assert {r.key: r.allocated_gpu_hours for r in rows} == {("ml",): 0.5, ("vision",): 0.5}
+
+
+def test_used_is_capped_at_allocated_and_idle_is_the_rest():
+    interval = Interval(1, holding("alice/", milli=250), start=0, end=3600)
+    # the device-wide figure of a quarter share counts its neighbours' work too: 0.9 GPU-hours
+    usage = [
+        UsageSample("alice", "", "gpu-0", 0, used_gpu_seconds=0.9 * 3600, sampled_seconds=3600)
+    ]
+    (row,) = rollup([interval], usage, since=0, until=3600, bucket="hour", by=("user",))
+    assert row.used_gpu_hours == 0.25
+    assert row.idle_gpu_hours == 0.0
+    usage = [UsageSample("alice", "", "gpu-0", 0, used_gpu_seconds=360, sampled_seconds=3600)]
+    (row,) = rollup([interval], usage, since=0, until=3600, bucket="hour", by=("user",))
+    assert row.used_gpu_hours == 0.1
+    assert row.idle_gpu_hours == pytest.approx(0.15)
+
+
+def test_usage_of_a_device_outside_the_ledger_is_not_counted():
+    interval = Interval(1, holding("alice/"), start=0, end=3600)
+    usage = [
+        UsageSample("alice", "", "gpu-9", 0, 100.0, 3600),
+        UsageSample("bob", "", "gpu-0", 0, 100.0, 3600),
+    ]
+    (row,) = rollup([interval], usage, since=0, until=3600, bucket="hour", by=("user",))
+    assert row.used_gpu_seconds == 0.0
+
+
+def test_usage_goes_to_the_servers_own_allocation_first():
+    own = Interval(1, holding("alice/big", profile="big"), start=0, end=3600)
+    other = Interval(2, holding("alice/job-3", profile="small", workload="job"), start=0, end=3600)
+    usage = [UsageSample("alice", "big", "gpu-0", 0, 600.0, 3600)]
+    rows = rollup([other, own], usage, since=0, until=3600, bucket="hour", by=("profile",))
+    assert {r.key: r.used_gpu_seconds for r in rows} == {("big",): 600.0, ("small",): 0.0}
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [({"bucket": "week"}, "bucket"), ({"by": ("colour",)}, "by"), ({"by": ("user", "user")}, "by")],
+)
+def test_a_rollup_names_the_field_it_cannot_read(kw: dict, field: str):
+    with pytest.raises(RollupError, match=field):
+        rollup([], [], since=0, until=10, **kw)
+    with pytest.raises(RollupError, match="until"):
+        rollup([], [], since=10, until=10)
+
+
+def test_diff_closes_with_the_reason_of_the_change_and_opens_what_is_new():
+    a, b, c = holding("a/"), holding("b/"), holding("c/", device="gpu-1")
+    open_ = [Interval(1, a, 100), Interval(2, b, 100)]
+    change = diff(open_, [a, c], 200, reasons={"b/": PREEMPTED})
+    assert change.close == ((2, 200, PREEMPTED),)
+    assert change.open == ((c, 200),)
+    assert not diff(open_, [a, b], 300)
+
+
+def test_a_resized_share_closes_and_reopens_and_a_lost_node_says_so():
+    a = holding("a/", milli=250)
+    bigger = holding("a/", milli=500)
+    change = diff([Interval(1, a, 100)], [bigger], 160)
+    assert change.close == ((1, 160, RESIZED),)
+    assert change.open == ((bigger, 160),)
+    gone = diff([Interval(1, a, 100)], [], 170, live_nodes=frozenset({"n2"}))
+    assert gone.close == ((1, 170, NODE_LOST),)
+    released = diff([Interval(1, a, 100)], [], 170, live_nodes=frozenset({"n1"}))
+    assert released.close == ((1, 170, RELEASED),)
+
+
+def test_a_holding_found_after_a_restart_opens_at_its_grant_not_at_the_restart():
+    a = holding("a/")
+    change = diff([], [a], 5000, started={"a/": 4100.4})
+    assert change.open == ((a, 4100),)
+    # a grant time in the future of the write (clock skew) never makes a negative stretch
+    assert diff([], [a], 5000, started={"a/": 9000.0}).open == ((a, 5000),)
+
+
+def test_a_group_change_is_not_a_new_interval():
+    a = holding("a/", groups=("ml",))
+    assert not diff([Interval(1, a, 0)], [holding("a/", groups=("ml", "new"))], 10)
+
+
+def test_holdings_of_a_placement_one_per_device_with_the_inventorys_model():
+    request = Request("alice/job-4", owner="alice", groups=frozenset({"ml"}), num_gpu=2)
+    devices = {"g0": DeviceInfo("H100"), "g1": DeviceInfo("A100", mig_profile="3g.40gb")}
+    found = holdings("alice/job-4", request, "n1", [("g0", 1000), ("g1", 1000)], devices.get)
+    assert [(h.device, h.gpu_model, h.mig_profile, h.milli, h.workload) for h in found] == [
+        ("g0", "H100", None, 1000, "job"),
+        ("g1", "A100", "3g.40gb", 1000, "job"),
+    ]
+    labelled = Request("alice/x", owner="alice", gpu_milli=250, profile="q", workload="dask")
+    (h,) = holdings("alice/x", labelled, "n1", [("gone", 250)], devices.get)
+    assert (h.profile, h.workload, h.gpu_model, h.tier) == ("q", "dask", "unknown", "on-demand")
+
+
+@pytest.mark.parametrize(
+    ("aid", "kind"),
+    [
+        ("a/job-12", "job"),
+        ("a/dask-3-w1", "dask"),
+        ("external/ns/pod", "external"),
+        ("a/", "server"),
+        ("a/job-x", "server"),
+    ],
+)
+def test_workload_from_an_unlabelled_allocation_id(aid: str, kind: str):
+    assert workload_of(aid, None) == kind
+
+
+def test_whole_seconds_round_to_nearest():
+    assert (whole_second(10.49), whole_second(10.5), whole_second(10.6)) == (10, 11, 11)
