@@ -32,8 +32,10 @@ from gpulab.hub.allocator import (
     Node,
     Placement,
     Quota,
+    QuotaExceeded,
     Request,
 )
+from gpulab.hub.allocator.allocator import Listener
 from gpulab.hub.profiles import (
     MILLI_PER_GPU,
     Profile,
@@ -96,6 +98,9 @@ def _gpus_to_milli(value: Any, field_name: str) -> int:
 #: the generic hint gpulab.hub.allocator.quota appends to a quota refusal; `quota_refusal` puts
 #: advice that names this catalog's profiles in its place
 ALLOCATOR_QUOTA_HINT = " Release a server or ask for a preemptible (spot) server."
+
+#: how a refusal for lack of GPU-hours begins (`GPULedger.launch_refusal`)
+HOUR_BUDGET_REFUSAL = "GPU-hour budget used up"
 
 #: (placement, reason) -> returns once nothing of that allocation runs
 Evict = Callable[[Placement, str], Awaitable[None]]
@@ -250,6 +255,9 @@ class GPUCapacity(SingletonConfigurable):
         self._notices: dict[str, list[str]] = {}
         self._other_owners: list[Callable[[], set[str]]] = []
         self._evictors: list[tuple[Callable[[str], bool], Evict]] = []
+        self._allocator_listeners: list[Listener] = []
+        #: why a request may not start for lack of GPU-hours, or None (`GPULedger` sets it)
+        self.hour_budget_check: Callable[[Request], str | None] | None = None
         self.quota = self._quota()
         if self.inventory_source == "kubernetes":
             # the cluster's Nodes and pods are the inventory and the allocations; the Kubernetes
@@ -348,8 +356,22 @@ class GPUCapacity(SingletonConfigurable):
     def attach(self, allocator: Allocator, inventory: Inventory, label: str) -> None:
         """Use an allocator maintained elsewhere (the Kubernetes backend's, rebuilt from the
         cluster's Nodes and pods)."""
+        old = self.allocator
         self.allocator, self.inventory, self.inventory_label = allocator, inventory, label
         self._fits_idle.clear()
+        for listener in self._allocator_listeners:
+            old.remove_listener(listener)
+            allocator.add_listener(listener)
+        if self._allocator_listeners:
+            # what changed between the two allocators (pods gone, nodes lost) reaches the
+            # listeners as one snapshot
+            allocator.notify_listeners()
+
+    def add_allocator_listener(self, listener: Listener) -> None:
+        """Follow every change of this hub's allocations, also across `attach` (see
+        `Allocator.add_listener`; the GPU-hour ledger's feed)."""
+        self._allocator_listeners.append(listener)
+        self.allocator.add_listener(listener)
 
     def _load_catalog(self, check_models: bool = True) -> list[Profile]:
         entries: Any = self.profiles
@@ -501,6 +523,10 @@ class GPUCapacity(SingletonConfigurable):
         """The allocator's quota refusal with advice from this catalog in place of its generic
         hint (which names a preemptible server even where the catalog has none)."""
         problem = reason.removesuffix(ALLOCATOR_QUOTA_HINT).rstrip()
+        if problem.startswith(HOUR_BUDGET_REFUSAL):  # time, not GPUs held, is what ran out
+            cpu = [p for p in self.visible_profiles(groups, is_admin) if profile_milli(p) == 0]
+            hint = f" A CPU-only server ({_slugs(cpu)}) needs none." if cpu else ""
+            return f"{problem} It frees up as older GPU-hours leave the window.{hint}"
         return f"{problem} {self.quota_advice(owner, groups, is_admin)}"
 
     # -- allocation ----------------------------------------------------------------------------
@@ -510,6 +536,10 @@ class GPUCapacity(SingletonConfigurable):
         that can give it back (`add_evictor`: job runs) is evicted to make room, and this returns
         once nothing of it runs (a share is never handed out while its last holder still uses
         it). Preemptible servers are evicted by their spawner (GPUKubeSpawner), not here."""
+        if self.hour_budget_check is not None:
+            budget_refusal = self.hour_budget_check(request)
+            if budget_refusal is not None:
+                raise QuotaExceeded(budget_refusal)
         refusal: NoCapacity | None = None
         try:
             return await asyncio.to_thread(self.allocator.place, request)
@@ -535,6 +565,10 @@ class GPUCapacity(SingletonConfigurable):
 
     def remove_evictor(self, evict: Evict) -> None:
         self._evictors = [(owns, e) for owns, e in self._evictors if e != evict]
+
+    def has_evictor(self, placement: Placement) -> bool:
+        """Whether another owner (the job or Dask service) can stop `placement`'s work."""
+        return self._has_evictor(placement)
 
     def _has_evictor(self, placement: Placement) -> bool:
         return any(owns(placement.request.id) for owns, _ in self._evictors)

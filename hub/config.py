@@ -51,11 +51,13 @@ from gpulab.hub.daskservice.hub import GPUDask, post_stop_hook
 from gpulab.hub.handlers.servers import server_handler_overrides
 from gpulab.hub.inventory import InventoryError
 from gpulab.hub.jobservice.hub import GPUJobs
+from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.profiles import ProfileError
 from gpulab.hub.refusals import install_quiet_refusals
-from gpulab.hub.scopes import CUSTOM_SCOPES, DASK
+from gpulab.hub.scopes import CUSTOM_SCOPES, DASK, USAGE
 from gpulab.spawner.names import (
     DEFAULT_PUSH_INTERVAL_SECONDS,
+    LEDGER_DB_URL_ENV,
     METRICS_CONFIG_ENV,
     MONITOR_SOURCE_ENV,
     PUSH_INTERVAL_ENV,
@@ -81,6 +83,8 @@ SERVER_TOKEN_SCOPES = [
     "servers!user",
     # her Dask clusters (gpulab.dask.GPUCluster in a notebook), hers alone (the same filter)
     f"{DASK}!user",
+    # her GPU-hours and budget left (the lab's GPU panel), hers alone (the same filter)
+    f"{USAGE}!user",
 ]
 #: every route apply(c) adds after JupyterHub's own (relative to the hub's prefix): REST, pages
 gpulab_handlers: list[tuple[str, type[Any]]] = [
@@ -117,6 +121,7 @@ class GPULabHubHooks(Authenticator):
             return
         GPUJobs.instance(config=self.config, log=self.log).attach_to_hub(app)
         GPUDask.instance(config=self.config, log=self.log).attach_to_hub(app)
+        GPULedger.instance(config=self.config, log=self.log).attach_to_hub(app)
 
     def check_gpu_configuration(self) -> None:
         """Load the GPU inventory, catalog and quotas at hub start, so that a configuration
@@ -254,6 +259,12 @@ def add_services(c: Config, settings: GPULab) -> None:
     environment = {PUSH_INTERVAL_ENV: interval}
     if settings.metrics_config_file:
         environment[METRICS_CONFIG_ENV] = settings.metrics_config_file
+    ledger = GPULedger(config=c)
+    if ledger.enabled:
+        # the service adds the GPU-seconds each server's monitor saw used to the ledger; the
+        # URL (and a PostgreSQL password in it) is in this hub-side process's environment only,
+        # never a server's
+        environment[LEDGER_DB_URL_ENV] = ledger.absolute_db_url
     service = {
         "name": "gpulab-metrics",
         "url": url,
@@ -293,8 +304,10 @@ def add_dask(c: Config) -> None:
     which a server token then may hold too), and a stopped server stops its clusters that are not
     kept alive (`Spawner.post_stop_hook`, after an admin's own hook)."""
     extra = list(c.JupyterHub.get("extra_user_scopes", []))
-    if f"{DASK}!user" not in extra:
-        c.JupyterHub.extra_user_scopes = [*extra, f"{DASK}!user"]
+    # her own GPU-hours too (GET /hub/api/gpulab/users/{her}/usage): `!user` reaches no other
+    missing = [s for s in (f"{DASK}!user", f"{USAGE}!user") if s not in extra]
+    if missing:
+        c.JupyterHub.extra_user_scopes = [*extra, *missing]
     admins_hook = c.Spawner.get("post_stop_hook")
     if admins_hook is None or admins_hook is post_stop_hook:
         c.Spawner.post_stop_hook = post_stop_hook

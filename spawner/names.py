@@ -205,3 +205,6 @@ PUSH_PATH = "api/push"
 DEFAULT_PUSH_INTERVAL_SECONDS = 15.0
 #: The config file the hub gives the gpulab-metrics service (GPULab.metrics_config_file).
 METRICS_CONFIG_ENV = "GPULAB_METRICS_CONFIG"
+#: the GPU-hour ledger's database URL, for the gpulab-metrics service (a hub-side process; never
+#: in a server's environment: it may hold the database's password)
+LEDGER_DB_URL_ENV = "GPULAB_LEDGER_DB_URL"

@@ -176,6 +176,14 @@ class LedgerStore:
 
     # -- usage ---------------------------------------------------------------------------------
 
+    def used_totals(self) -> dict[str, float]:
+        """GPU-seconds the monitor saw used, ever, per user (the Prometheus counters)."""
+        query = sa.select(usage.c.user, sa.func.sum(usage.c.used_gpu_seconds)).group_by(
+            usage.c.user
+        )
+        with self.engine.connect() as conn:
+            return {u: float(s or 0.0) for u, s in conn.execute(query)}
+
     def add_usage(self, samples: Iterable[UsageSample]) -> None:
         """Add GPU-seconds used (and seconds sampled) to each sample's user/server/device/hour."""
         rows = [

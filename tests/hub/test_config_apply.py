@@ -31,7 +31,7 @@ from gpulab.hub.config import (
 )
 from gpulab.hub.daskservice.hub import post_stop_hook
 from gpulab.hub.handlers.servers import server_handler_overrides
-from gpulab.hub.scopes import ALLOCATIONS_READ, DASK
+from gpulab.hub.scopes import ADMIN_READ, ALLOCATIONS_READ, DASK, PREEMPT, USAGE
 from tests.harness.hub import REPO, merged
 
 JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
@@ -65,7 +65,14 @@ def test_apply_adds_the_templates_and_custom_scopes_after_the_admins_own() -> No
     apply(c)
     apply(c)
     assert c.JupyterHub.template_paths == ["/srv/own-templates", str(TEMPLATES)]
-    assert set(c.JupyterHub.custom_scopes) == {"custom:own:thing", ALLOCATIONS_READ, DASK}
+    assert set(c.JupyterHub.custom_scopes) == {
+        "custom:own:thing",
+        ALLOCATIONS_READ,
+        DASK,
+        ADMIN_READ,
+        PREEMPT,
+        USAGE,
+    }
 
 
 def test_servers_tokens_get_the_job_scopes_on_their_owner_unless_the_admin_chose() -> None:
@@ -77,6 +84,7 @@ def test_servers_tokens_get_the_job_scopes_on_their_owner_unless_the_admin_chose
         "read:servers!user",
         "servers!user",
         "custom:gpulab:dask!user",
+        "custom:gpulab:usage!user",
     ]
     own = Config()
     own.Spawner.server_token_scopes = ["access:servers!server", "users:activity!user"]
@@ -89,7 +97,7 @@ def test_every_user_manages_her_dask_clusters_and_a_stopped_server_stops_its_own
     c.JupyterHub.extra_user_scopes = ["read:groups"]
     apply(c)
     apply(c)  # nothing twice
-    assert c.JupyterHub.extra_user_scopes == ["read:groups", f"{DASK}!user"]
+    assert c.JupyterHub.extra_user_scopes == ["read:groups", f"{DASK}!user", f"{USAGE}!user"]
     assert c.Spawner.post_stop_hook is post_stop_hook
     # an admin's own hook runs too, first
     calls: list[str] = []

@@ -48,12 +48,15 @@ from traitlets.config import Application
 from traitlets.config.loader import PyFileConfigLoader
 
 from gpulab.hub.alerts import RuleError, parse_rules
+from gpulab.hub.ledger.store import LedgerStore
 from gpulab.hub.services.metrics.aggregate import Aggregate
 from gpulab.hub.services.metrics.exposition import exposition
 from gpulab.hub.services.metrics.listing import Target, list_targets, server_runs
 from gpulab.hub.services.metrics.push import PushRefused, authorize_push, push_result
+from gpulab.hub.services.metrics.usage import UsageMeter
 from gpulab.spawner.names import (
     DEFAULT_PUSH_INTERVAL_SECONDS,
+    LEDGER_DB_URL_ENV,
     METRICS_CONFIG_ENV,
     PUSH_INTERVAL_ENV,
     PUSH_PATH,
@@ -206,6 +209,10 @@ class MetricsService(Application):
             parse_rules(self.rules), self.idle_alert, max_gap_seconds=self.max_gap_seconds
         )
         self.aggregate.config_error = self.config_error
+        # the GPU-hour ledger's database (set by gpulab.hub.config for hub-side processes only)
+        self.ledger_url = os.environ.get(LEDGER_DB_URL_ENV, "")
+        self.ledger: LedgerStore | None = None
+        self.usage = UsageMeter(max_gap_seconds=max(30.0, 3 * self.push_interval_seconds))
         self.api_url = os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
         self.api_token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab-metrics/")
@@ -234,11 +241,31 @@ class MetricsService(Application):
             if agg.hub_error:
                 self.log.info("gpulab-metrics: the hub answers again")
             agg.hub_error = ""
+            running = {target.key for target in targets}
+            for key, state in agg.servers.items():
+                if key not in running:  # stopped: a restart starts a new stretch of usage
+                    self.usage.forget(state.target.user, state.target.server)
             agg.set_targets(targets, time.time())
         agg.expire(time.time(), self.stale_after_seconds)
+        await self.write_usage()
         agg.cycles += 1
         agg.last_cycle = time.time()
         agg.last_cycle_seconds = time.monotonic() - start
+
+    async def write_usage(self) -> None:
+        """Add the GPU-seconds used since the last cycle to the ledger (a worker thread)."""
+        if not self.ledger_url:
+            return
+        samples = self.usage.take()
+        if not samples:
+            return
+        try:
+            if self.ledger is None:
+                self.ledger = await asyncio.to_thread(LedgerStore, self.ledger_url)
+            await asyncio.to_thread(self.ledger.add_usage, samples)
+        except Exception as e:  # the next cycle tries again with these added
+            self.usage.give_back(samples)
+            self.log.warning("gpulab-metrics: writing GPU usage to the ledger failed: %s", e)
 
     async def run_loop(self) -> None:
         while True:
@@ -308,6 +335,7 @@ class MetricsService(Application):
         if target.key not in agg.servers:
             agg.add_target(target, now)
         agg.add_push(result)
+        self.usage.observe(target.user, target.server, result.gpus)
         return sum(len(f.series) for f in result.families)
 
     # -- the web app ---------------------------------------------------------------------------
