@@ -27,6 +27,7 @@ from gpulab.hub.profiles import DEFAULT_CATALOG
 from gpulab.hub.scopes import ADMIN_READ, PREEMPT
 from tests.harness.browser import log_in_as_admin
 from tests.harness.hub import Hub
+from tests.harness.jobs import put, until, user_client
 
 INVENTORY = "2 x A100-SXM4-80GB"
 MODEL = "A100-SXM4-80GB"
@@ -40,6 +41,7 @@ def _overlay() -> Config:
     c = Config()
     c.GPUCapacity.declared_inventory = INVENTORY
     c.GPUCapacity.profiles = [dict(p) for p in DEFAULT_CATALOG] + [SPOT]
+    c.GPUJobs.admission_interval_seconds = 0.5
     # the panel's operator: reads the panel, preempts, and stops anyone's servers (JupyterHub's
     # own `servers` scope); the viewer only reads; the hub's admin reads and preempts (and holds
     # JupyterHub's admin role, so may stop servers too)
@@ -217,6 +219,67 @@ def test_preempt_stops_a_preemptible_server_and_needs_the_preempt_scope(hub):
         assert "gina/" not in hub.allocations()
     finally:
         _stop_all(hub, ("gina", ""))
+
+
+def _running_job(hub: Hub, user: str, **spec: Any) -> tuple[httpx.Client, int]:
+    """`user`'s job run of a script that sleeps, once it runs on a 1/4 GPU share."""
+    hub.create_user(user)
+    hub.start_server(user, profile="cpu")  # makes her account and home
+    put(hub, user, "sleep.py", "import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    hub.stop_server(user)
+    client = user_client(hub, user)
+    body = {"name": "long", "kind": "script", "path": "sleep.py", "profile": "gpu-quarter"}
+    r = client.post(f"/users/{user}/jobs", json={**body, **spec})
+    assert r.status_code == 201, r.text
+    run_id = int(r.json()["id"])
+    until(client, f"/users/{user}/jobs/{run_id}", "running")
+    return client, run_id
+
+
+def test_a_running_job_is_listed_as_a_job_and_stop_cancels_it_freeing_its_share(hub):
+    kim, run_id = _running_job(hub, "kim")
+    allocation = f"kim/job-{run_id}"
+    try:
+        workloads = {w["id"]: w for w in _overview(_token(hub, "viewer"))["workloads"]}
+        job = workloads[allocation]
+        assert (job["kind"], job["owner"], job["gpus"]) == ("job", "kim", 0.25)
+        assert job["server"] is None and job["ui_idle_seconds"] is None
+
+        results = _act(_token(hub, "operator"), "stop", [allocation])
+        assert results[allocation]["ok"] is True, results
+        assert results[allocation]["message"] == (
+            f"Canceled job run {run_id} of kim (canceled); its GPU share is free"
+        )
+        assert allocation not in hub.allocations()
+        run = kim.get(f"/users/kim/jobs/{run_id}").json()
+        assert run["state"] == "canceled" and run["reason"] == "stopped by operator (admin panel)"
+    finally:
+        kim.delete(f"/users/kim/jobs/{run_id}")
+
+
+def test_preempting_a_preemptible_job_requeues_it_and_its_next_attempt_keeps_its_share(hub):
+    lena, run_id = _running_job(hub, "lena", preemptible=True)
+    allocation = f"lena/job-{run_id}"
+    try:
+        results = _act(_token(hub, "operator"), "preempt", [allocation])
+        assert results[allocation] == {
+            "id": allocation,
+            "ok": True,
+            "message": f"Preempted {allocation}; its GPU share is free",
+        }
+        # the run is queued again and admitted anew under the same allocation id: the preemption
+        # released only the first attempt's share, not the second's
+        deadline = time.monotonic() + 60
+        run = lena.get(f"/users/lena/jobs/{run_id}").json()
+        while not (len(run["attempts"]) == 2 and run["state"] == "running"):
+            assert time.monotonic() < deadline, run
+            time.sleep(0.3)
+            run = lena.get(f"/users/lena/jobs/{run_id}").json()
+        assert run["attempts"][0]["state"] == "preempted"
+        assert "preempted by operator from the admin panel" in run["attempts"][0]["reason"]
+        assert allocation in hub.allocations()
+    finally:
+        lena.delete(f"/users/lena/jobs/{run_id}")
 
 
 @pytest.fixture(scope="module")
