@@ -67,3 +67,10 @@ def test_the_dev_cluster_is_not_in_gpulab_wheel_but_in_its_own(
     assert not [
         n for n in devcluster if n.startswith("gpulab/") and not n.startswith("gpulab/devcluster/")
     ]
+
+
+def test_the_wheel_holds_the_admin_panels_built_app(gpulab_wheel: set[str]) -> None:
+    # built by `bash .ci/dev setup` (hub/adminpanel, git-ignored): a wheel built before it lacks it
+    assert (REPO / "hub/adminpanel/static/admin-panel.js").is_file()
+    assert "gpulab/hub/adminpanel/static/admin-panel.js" in gpulab_wheel
+    assert not [n for n in gpulab_wheel if n.startswith("gpulab/hub/adminpanel/src/")]

@@ -1,6 +1,7 @@
 """gpulab's hub pages (HTML) and its checks in front of JupyterHub's own server handlers.
 
-`default_handlers`: the pages (`/hub/gpulab/workspaces`, Dask dashboards under `/hub/gpulab/dask/`), registered by
+`default_handlers`: the pages (`/hub/gpulab/workspaces`, Dask dashboards under `/hub/gpulab/dask/`,
+the GPU admin panel `/hub/gpulab/admin` with its static files), registered by
 `gpulab.hub.config.apply(c)` as extra handlers. `servers.server_handler_overrides` are not among
 them: they must come before JupyterHub's own routes, so apply(c) has the authenticator return them.
 """
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulab.hub.handlers import dask_dashboard, workspaces
+from gpulab.hub.handlers import admin_panel, dask_dashboard, workspaces
 
 default_handlers: list[tuple[str, type[Any]]] = [
     *workspaces.default_handlers,
     *dask_dashboard.default_handlers,
+    *admin_panel.default_handlers,
 ]
