@@ -24,6 +24,7 @@ DASK = "custom:gpulab:dask"
 #: the GPU admin panel (/hub/gpulab/admin) and what it reads: every server, job and Dask worker
 #: with its GPU, live figures and idle times, every user's and group's GPU-hours and quota
 #: (/hub/api/gpulab/admin/..., /hub/api/gpulab/usage). Reading only: each action below has its own.
+#: Admins (admin:users) may too; grant this to a role of operators who should see, not administer.
 ADMIN_READ = "custom:gpulab:admin-read"
 
 #: preempt another user's preemptible workload from the admin panel (its share goes back to the

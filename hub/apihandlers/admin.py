@@ -12,6 +12,7 @@ cancelling a job run `servers` (as the jobs API), preempting `custom:gpulab:pree
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,6 +30,8 @@ from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.dask import parse_allocation_id
 from gpulab.hub.jobservice.hub import GPUJobs
 from gpulab.hub.jobservice.service import run_id_of
+from gpulab.hub.ledger.store import LiveFigure
+from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.refusals import shown
 from gpulab.hub.scopes import ADMIN_READ, PREEMPT
 
@@ -96,12 +99,11 @@ def describe_workload(
     server: ServerRecord | None,
     now: datetime,
     events: list[dict[str, Any]] | None = None,
+    figures: Mapping[str, LiveFigure] | None = None,
 ) -> dict[str, Any]:
     """One row of the panel: an allocation with its devices from the inventory, and for a server
     its UI-idle time from JupyterHub's own record (`last_activity`, naive UTC as JupyterHub
-    stores it). The live figures (`utilization`, `memory_used_mib`, `gpu_idle_seconds`, `live`)
-    are null here: the metrics service fills them in (the lead's integration), nothing invents
-    them."""
+    stores it) and its live columns from `figures` (`live_columns`)."""
     request = placement.request
     devices = []
     for share in placement.gpus:
@@ -145,11 +147,50 @@ def describe_workload(
             }
         ),
         "ui_idle_seconds": ui_idle,
-        "gpu_idle_seconds": None,
-        "utilization": None,
-        "memory_used_mib": None,
-        "live": None,
+        **live_columns(placement, figures or {}, now.replace(tzinfo=timezone.utc).timestamp()),
         "events": events or [],
+    }
+
+
+def live_columns(
+    placement: Placement, figures: Mapping[str, LiveFigure], now: float
+) -> dict[str, Any]:
+    """The live columns of a workload from its slices' latest pushed figures (device uuid ->
+    figure): mean utilisation, memory used, and GPU-idle = how long EVERY slice has stayed below
+    the idle threshold (one busy or unknown slice: not idle). Null where a slice has no current
+    figure (job runs and Dask workers do not push; a server whose pushes went stale)."""
+    found = [figures.get(share.uuid) for share in placement.gpus]
+    present = [f for f in found if f is not None]
+    if not placement.gpus or len(present) != len(found):
+        return {
+            "utilization": None,
+            "memory_used_mib": None,
+            "gpu_idle_seconds": None,
+            "live": None,
+        }
+    utils = [f.utilization_pct for f in present]
+    known = [u for u in utils if u is not None]
+    memory = [f.memory_used_mib for f in present if f.memory_used_mib is not None]
+    since = [f.below_since for f in present]
+    idle = None if any(b is None for b in since) else max(0.0, now - max(b for b in since if b))
+    return {
+        "utilization": sum(known) / len(known) if len(known) == len(utils) else None,
+        "memory_used_mib": sum(memory) if memory else None,
+        "gpu_idle_seconds": idle if idle is not None else 0.0 if len(known) == len(utils) else None,
+        "live": {
+            "age_seconds": max(0.0, now - min(f.t for f in present)),
+            "idle_threshold_pct": present[0].idle_threshold_pct,
+            "slices": [
+                {
+                    "device": f.device,
+                    "utilization": f.utilization_pct,
+                    "memory_used_mib": f.memory_used_mib,
+                    "memory_limit_mib": f.memory_limit_mib,
+                    "below_threshold_since": _iso(f.below_since),
+                }
+                for f in present
+            ],
+        },
     }
 
 
@@ -208,6 +249,24 @@ def parse_action(body: Any) -> tuple[str, list[str]]:
     return str(action), list(ids)
 
 
+#: a slice's figures older than this are stale (3 pushes at the default 15 s interval)
+LIVE_MAX_AGE_SECONDS = 45.0
+
+
+async def live_figures(handler: Any) -> dict[tuple[str, str], dict[str, LiveFigure]]:
+    """(user, server name) -> device -> its latest figures, from the ledger's live table (which
+    gpulab-metrics keeps current); empty when the ledger is off."""
+    ledger = GPULedger.instance(config=handler.settings["config"], log=handler.log)
+    if ledger.store is None:
+        return {}
+    newer_than = time.time() - LIVE_MAX_AGE_SECONDS
+    rows = await asyncio.to_thread(ledger.store.live_figures, newer_than)
+    out: dict[tuple[str, str], dict[str, LiveFigure]] = {}
+    for f in rows:
+        out.setdefault((f.user, f.server), {})[f.device] = f
+    return out
+
+
 class _AdminHandler(GPULabAPIHandler):
     def server_records(self) -> dict[str, tuple[Any, Any]]:
         """allocation id -> (hub user, spawner) of every server JupyterHub has running or
@@ -248,11 +307,12 @@ class AdminOverviewAPIHandler(_AdminHandler):
 
     One workload per allocation (see `workload_kind` for how servers, job runs and Dask workers
     are told apart, `describe_workload` for the fields). The live fields (`utilization`,
-    `memory_used_mib`, `gpu_idle_seconds` and `live`) are null: the lead's integration fills them
-    in from the metrics service. Filtering is the panel's, client-side; `?owner=` and `?kind=`
+    `memory_used_mib`, `gpu_idle_seconds` and `live`) come from each server's latest push (via
+    gpulab-metrics and the ledger's live table, at most LIVE_MAX_AGE_SECONDS old); null for job
+    runs and Dask workers, which do not push. Filtering is the panel's, client-side; `?owner=` and `?kind=`
     narrow the list for other callers."""
 
-    @needs_scope(ADMIN_READ)
+    @needs_scope(ADMIN_READ, "admin:users")
     async def get(self) -> None:
         capacity: GPUCapacity = self.gpu_capacity
         await capacity.ready()
@@ -260,6 +320,7 @@ class AdminOverviewAPIHandler(_AdminHandler):
         servers = self.server_records()
         gpus = _gpus_by_uuid(capacity.inventory)
         now = datetime.now(timezone.utc).replace(tzinfo=None)  # JupyterHub stores naive UTC
+        live = await live_figures(self)
         owner_filter = self.get_argument("owner", "")
         kind_filter = self.get_argument("kind", "")
         workloads = []
@@ -271,11 +332,9 @@ class AdminOverviewAPIHandler(_AdminHandler):
                 continue
             held = servers.get(placement.request.id)
             record = self.server_record(*held) if kind == SERVER and held else None
-            workloads.append(
-                describe_workload(
-                    placement, kind, gpus, record, now, capacity.events_for(placement.request.id)
-                )
-            )
+            figures = live.get((record.owner, record.name), {}) if record is not None else {}
+            events = capacity.events_for(placement.request.id)
+            workloads.append(describe_workload(placement, kind, gpus, record, now, events, figures))
         self.write(
             {
                 "generated_at": _iso(datetime.now(timezone.utc).timestamp()),
@@ -297,7 +356,7 @@ class AdminActionsAPIHandler(_AdminHandler):
     `STOP_WAIT_SECONDS`). Stopping a single Dask worker is not offered (its cluster would start
     a replacement): the message names the cluster's own API."""
 
-    @needs_scope(ADMIN_READ)
+    @needs_scope(ADMIN_READ, "admin:users")
     async def post(self) -> None:
         action, ids = parse_action(self.get_json_body())
         capacity = self.gpu_capacity

@@ -51,7 +51,7 @@ class AdminPanelPageHandler(BaseHandler):
     """GET /hub/gpulab/admin: the panel (custom:gpulab:admin-read)."""
 
     @web.authenticated
-    @needs_scope(ADMIN_READ)
+    @needs_scope(ADMIN_READ, "admin:users")
     async def get(self) -> None:
         version = bundle_version()
         bundle_url = None

@@ -13,6 +13,7 @@ so no tenant can write or read another's figures through it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -25,6 +26,22 @@ from sqlalchemy.engine import URL, Connection
 from ..jobs.store import create_schema, make_engine, upsert, writing
 from .model import Change, Holding, Interval, diff
 from .rollup import UsageSample
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveFigure:
+    """One GPU slice's latest figures (see the `live` table)."""
+
+    user: str
+    server: str
+    device: str
+    t: float
+    utilization_pct: float | None
+    memory_used_mib: float | None
+    memory_limit_mib: float | None
+    below_since: float | None
+    idle_threshold_pct: float
+
 
 SCHEMA_VERSION = 1
 SQLITE_FILE = "gpulab-ledger.sqlite"
@@ -68,6 +85,24 @@ usage = sa.Table(
     sa.Column("hour", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("used_gpu_seconds", sa.Float, nullable=False),
     sa.Column("sampled_seconds", sa.Float, nullable=False),
+)
+
+# The latest figures of each server's GPU slices, as gpulab-metrics last saw them (one row per
+# user, server and device, replaced at every push): the admin panel's live columns and GPU-idle
+# times, and the culler's slices. `below_since`: since when the slice's utilisation has stayed
+# under the idle threshold without a gap (None: busy, or unknown).
+live = sa.Table(
+    "gpulab_gpu_live",
+    metadata,
+    sa.Column("user", sa.Text, primary_key=True),
+    sa.Column("server", sa.Text, primary_key=True),
+    sa.Column("device", sa.Text, primary_key=True),
+    sa.Column("t", sa.Float, nullable=False),
+    sa.Column("utilization_pct", sa.Float, nullable=True),
+    sa.Column("memory_used_mib", sa.Float, nullable=True),
+    sa.Column("memory_limit_mib", sa.Float, nullable=True),
+    sa.Column("below_since", sa.Float, nullable=True),
+    sa.Column("idle_threshold_pct", sa.Float, nullable=False),
 )
 
 
@@ -174,6 +209,36 @@ class LedgerStore:
         with self.engine.connect() as conn:
             return [(u, p, w, int(a or 0)) for u, p, w, a in conn.execute(query)]
 
+    # -- live figures --------------------------------------------------------------------------
+
+    def put_live(self, figures: Iterable[LiveFigure]) -> None:
+        """Replace the latest figures of these slices."""
+        rows = [dataclasses.asdict(f) for f in figures]
+        if not rows:
+            return
+        with writing(self.engine) as conn:
+            stmt = upsert(conn, live)
+            keys = ("user", "server", "device")
+            stmt = stmt.on_conflict_do_update(
+                index_elements=list(keys),
+                set_={c: getattr(stmt.excluded, c) for c in rows[0] if c not in keys},
+            )
+            conn.execute(stmt, rows)
+
+    def forget_live(self, servers: Iterable[tuple[str, str]]) -> None:
+        """Drop the figures of servers that stopped."""
+        pairs = list(servers)
+        if not pairs:
+            return
+        with writing(self.engine) as conn:
+            for user, server in pairs:
+                conn.execute(live.delete().where(live.c.user == user, live.c.server == server))
+
+    def live_figures(self, newer_than: float) -> list[LiveFigure]:
+        """Every slice's latest figures taken after `newer_than` (older ones are stale)."""
+        with self.engine.connect() as conn:
+            return [_live(r) for r in conn.execute(sa.select(live).where(live.c.t > newer_than))]
+
     # -- usage ---------------------------------------------------------------------------------
 
     def used_totals(self) -> dict[str, float]:
@@ -230,6 +295,25 @@ class LedgerStore:
                 )
                 for r in conn.execute(query)
             ]
+
+
+def _live(r: Any) -> LiveFigure:
+    m = r._mapping  # not attributes: Row.t is SQLAlchemy's own (the row as a tuple)
+    return LiveFigure(
+        m["user"],
+        m["server"],
+        m["device"],
+        float(m["t"]),
+        _maybe(m["utilization_pct"]),
+        _maybe(m["memory_used_mib"]),
+        _maybe(m["memory_limit_mib"]),
+        _maybe(m["below_since"]),
+        float(m["idle_threshold_pct"]),
+    )
+
+
+def _maybe(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _values(h: Holding, start: int) -> dict[str, Any]:

@@ -53,7 +53,7 @@ from gpulab.hub.services.metrics.aggregate import Aggregate
 from gpulab.hub.services.metrics.exposition import exposition
 from gpulab.hub.services.metrics.listing import Target, list_targets, server_runs
 from gpulab.hub.services.metrics.push import PushRefused, authorize_push, push_result
-from gpulab.hub.services.metrics.usage import UsageMeter
+from gpulab.hub.services.metrics.usage import LiveSlices, UsageMeter
 from gpulab.spawner.names import (
     DEFAULT_PUSH_INTERVAL_SECONDS,
     LEDGER_DB_URL_ENV,
@@ -116,6 +116,12 @@ class MetricsService(Application):
         config=True,
         help="""The alert whose firing on every GPU of a server puts it in api/alerts'
         idle_gpu_servers (what GPU-aware culling reads).""",
+    )
+    idle_utilization_pct = Float(
+        5.0,
+        config=True,
+        help="""A GPU slice below this utilisation (%) is idle: the admin panel's GPU-idle time
+        counts from when it went below without a gap (the culler's default threshold too).""",
     )
     max_gap_seconds = Float(
         None,
@@ -212,7 +218,11 @@ class MetricsService(Application):
         # the GPU-hour ledger's database (set by gpulab.hub.config for hub-side processes only)
         self.ledger_url = os.environ.get(LEDGER_DB_URL_ENV, "")
         self.ledger: LedgerStore | None = None
-        self.usage = UsageMeter(max_gap_seconds=max(30.0, 3 * self.push_interval_seconds))
+        gap = max(30.0, 3 * self.push_interval_seconds)
+        self.usage = UsageMeter(max_gap_seconds=gap)
+        self.live = LiveSlices(idle_pct=self.idle_utilization_pct, max_gap_seconds=gap)
+        self._live_writer: asyncio.Task[None] | None = None
+        self._ledger_opening = asyncio.Lock()
         self.api_url = os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
         self.api_token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab-metrics/")
@@ -245,6 +255,8 @@ class MetricsService(Application):
             for key, state in agg.servers.items():
                 if key not in running:  # stopped: a restart starts a new stretch of usage
                     self.usage.forget(state.target.user, state.target.server)
+                    self.live.forget(state.target.user, state.target.server)
+                    self.write_live_soon()
             agg.set_targets(targets, time.time())
         agg.expire(time.time(), self.stale_after_seconds)
         await self.write_usage()
@@ -260,12 +272,36 @@ class MetricsService(Application):
         if not samples:
             return
         try:
-            if self.ledger is None:
-                self.ledger = await asyncio.to_thread(LedgerStore, self.ledger_url)
-            await asyncio.to_thread(self.ledger.add_usage, samples)
+            ledger = await self._open_ledger()
+            await asyncio.to_thread(ledger.add_usage, samples)
         except Exception as e:  # the next cycle tries again with these added
             self.usage.give_back(samples)
             self.log.warning("gpulab-metrics: writing GPU usage to the ledger failed: %s", e)
+
+    async def _open_ledger(self) -> LedgerStore:
+        async with self._ledger_opening:  # the usage and live writers may both ask first
+            if self.ledger is None:
+                self.ledger = await asyncio.to_thread(LedgerStore, self.ledger_url)
+        return self.ledger
+
+    def write_live_soon(self) -> None:
+        """Write the slices' latest figures now, or right after the write in progress: the
+        panel's figures are as old as the last push, not a listing cycle more."""
+        if not self.ledger_url or (self._live_writer is not None and not self._live_writer.done()):
+            return
+        self._live_writer = asyncio.ensure_future(self._write_live())
+
+    async def _write_live(self) -> None:
+        while self.live.pending:
+            figures, gone = self.live.take()
+            try:
+                ledger = await self._open_ledger()
+                await asyncio.to_thread(ledger.forget_live, gone)
+                await asyncio.to_thread(ledger.put_live, figures)
+            except Exception as e:  # the next push tries again with these
+                self.live.give_back(figures, gone)
+                self.log.warning("gpulab-metrics: writing live GPU figures failed: %s", e)
+                return
 
     async def run_loop(self) -> None:
         while True:
@@ -336,6 +372,8 @@ class MetricsService(Application):
             agg.add_target(target, now)
         agg.add_push(result)
         self.usage.observe(target.user, target.server, result.gpus)
+        self.live.observe(target.user, target.server, result.gpus)
+        self.write_live_soon()
         return sum(len(f.series) for f in result.families)
 
     # -- the web app ---------------------------------------------------------------------------

@@ -179,3 +179,48 @@ def test_a_user_reads_her_own_gpu_hours_only_and_a_spent_budget_refuses_a_launch
     # CPU needs no GPU-hours, and alice has no budget to spend
     hub.start_server("alice", profile="gpu-quarter")
     assert not any(a["owner"] == "bob" for a in hub.allocations().values())
+
+
+def test_the_admin_overview_shows_each_slices_pushed_figures_and_gpu_idle_time(
+    ledger_hub: Hub, figures_dir: Path
+) -> None:
+    hub = ledger_hub
+    hub.create_user("alice")
+    hub.start_server("alice", profile="gpu-quarter")
+
+    def alice_row() -> dict[str, Any] | None:
+        r = hub.api("GET", "/gpulab/admin/overview")
+        assert r.status_code == 200, hub.log()[-3000:]
+        rows = [w for w in r.json()["workloads"] if w["owner"] == "alice"]
+        return rows[0] if rows and rows[0]["live"] is not None else None
+
+    busy = wait_for("alice's pushed figures in the overview", alice_row, 60, 0.5)
+    assert busy["utilization"] == 60 and busy["gpu_idle_seconds"] == 0
+    assert busy["memory_used_mib"] is not None
+    assert (
+        busy["live"]["age_seconds"] <= 15
+    )  # at most one push interval (1 s here) old, and then some
+    # the GPU goes quiet: the panel counts GPU-idle time from the first quiet push
+    (figures_dir / "gpus.json").write_text(json.dumps({"*": {"utilization_pct": 0}}))
+
+    def idle_for_a_while() -> dict[str, Any] | None:
+        row = alice_row()
+        return row if row and row["utilization"] == 0 and row["gpu_idle_seconds"] >= 2 else None
+
+    idle = wait_for("alice's GPU-idle time", idle_for_a_while, 60, 0.5)
+    (slice_,) = idle["live"]["slices"]
+    assert slice_["below_threshold_since"] is not None
+    hub.stop_server("alice")
+    # a stopped server's figures leave the live table
+    wait_for(
+        "alice's figures gone",
+        lambda: (
+            not any(
+                w["owner"] == "alice"
+                for w in hub.api("GET", "/gpulab/admin/overview").json()["workloads"]
+            )
+            or None
+        ),
+        30,
+        0.5,
+    )

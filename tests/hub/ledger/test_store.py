@@ -70,3 +70,16 @@ def test_a_ledger_of_a_newer_gpulab_is_refused(ledger: LedgerStore, ledger_url: 
         conn.execute(sa.insert(schema_version).values(version=99))
     with pytest.raises(SchemaTooNew, match="GPU-hour ledger"):
         LedgerStore(ledger_url)
+
+
+def test_live_figures_are_replaced_per_slice_and_forgotten_with_their_server(ledger: LedgerStore):
+    from gpulab.hub.ledger.store import LiveFigure
+
+    first = LiveFigure("a", "", "g0", 100.0, 50.0, 1024.0, 20480.0, None, 5.0)
+    ledger.put_live([first, LiveFigure("b", "x", "g1", 100.0, 1.0, 0.0, 0.0, 90.0, 5.0)])
+    ledger.put_live([LiveFigure("a", "", "g0", 115.0, 2.0, 10.0, 20480.0, 115.0, 5.0)])
+    got = {f.user: f for f in ledger.live_figures(newer_than=0)}
+    assert (got["a"].t, got["a"].utilization_pct, got["a"].below_since) == (115.0, 2.0, 115.0)
+    assert [f.user for f in ledger.live_figures(newer_than=100.0)] == ["a"]  # b's is older
+    ledger.forget_live([("a", "")])
+    assert [f.user for f in ledger.live_figures(newer_than=0)] == ["b"]
