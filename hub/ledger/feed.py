@@ -69,6 +69,9 @@ class LedgerFeed:
         self._last_t = 0
         #: snapshots written so far
         self.written = 0
+        self._devices_of: Inventory | None = None
+        self._devices: dict[str, DeviceInfo] = {}
+        self._converted: dict[tuple[str, float], list[Holding]] = {}
 
     def listener(self, placements: list[Placement], removed: dict[str, str]) -> None:
         """`Allocator.add_listener`'s callback: quick, and never calls the allocator."""
@@ -82,25 +85,45 @@ class LedgerFeed:
     def pending(self) -> int:
         return len(self._queue)
 
-    def flush(self) -> list[Change]:
-        """Write every queued snapshot, oldest first (one writer at a time)."""
-        changes = []
+    def flush(self, batch: int = 200) -> list[Change]:
+        """Write every queued snapshot, oldest first (one writer at a time; up to `batch`
+        snapshots per transaction)."""
+        changes: list[Change] = []
         with self._flushing:
             while self._queue:
-                snapshot = self._queue[0]
-                devices = device_table(snapshot.inventory)
-                # never back in time: a clock step back must not end an interval before it began
-                t = max(self._last_t, whole_second(snapshot.t))
-                change = self.store.sync(
-                    holdings_of(snapshot.placements, devices),
-                    t,
-                    reasons=snapshot.removed,
-                    live_nodes=frozenset(n.name for n in snapshot.inventory.nodes),
-                    started={p.request.id: p.created_at for p in snapshot.placements},
-                )
-                self._queue.popleft()  # only once written: a failed write is tried again
-                self._last_t = t
-                self.written += 1
-                if change:
-                    changes.append(change)
+                taken = [self._queue[i] for i in range(min(batch, len(self._queue)))]
+                writes = []
+                last_t = self._last_t
+                for snapshot in taken:
+                    # never back in time: a clock step back must not end an interval before it began
+                    last_t = max(last_t, whole_second(snapshot.t))
+                    held = self._holdings(snapshot)
+                    live_nodes = frozenset(n.name for n in snapshot.inventory.nodes)
+                    started = {p.request.id: p.created_at for p in snapshot.placements}
+                    kw = {"reasons": snapshot.removed, "live_nodes": live_nodes, "started": started}
+                    writes.append((held, last_t, kw))
+                written = self.store.sync_many(writes)
+                for _ in taken:  # only once written: a failed write is tried again
+                    self._queue.popleft()
+                self._last_t = last_t
+                self.written += len(taken)
+                changes += [c for c in written if c]
         return changes
+
+    def _holdings(self, snapshot: Snapshot) -> list[Holding]:
+        """The snapshot's holdings; a placement seen before is not converted again (snapshots
+        repeat every allocation held, and placements never change)."""
+        if snapshot.inventory is not self._devices_of:
+            self._devices_of, self._devices = snapshot.inventory, device_table(snapshot.inventory)
+            self._converted.clear()
+        out: list[Holding] = []
+        seen: dict[tuple[str, float], list[Holding]] = {}
+        for p in snapshot.placements:
+            key = (p.request.id, p.created_at)
+            found = self._converted.get(key)
+            if found is None:
+                found = holdings_of([p], self._devices)
+            seen[key] = found
+            out += found
+        self._converted = seen
+        return out

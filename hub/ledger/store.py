@@ -151,21 +151,36 @@ class LedgerStore:
         (`gpulab.hub.ledger.model.diff`'s keywords: reasons, live_nodes, started); one
         transaction, which holds the database's write lock from its start, so two writers never
         both open the same holding."""
-        held = list(now_held)
+        return self.sync_many([(list(now_held), t, kw)])[0]
+
+    def sync_many(
+        self, snapshots: Iterable[tuple[list[Holding], int, dict[str, Any]]]
+    ) -> list[Change]:
+        """`sync` for several snapshots in order, in one transaction (a writer that fell behind
+        catches up without reading the open intervals once per snapshot)."""
+        changes = []
         with writing(self.engine) as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(4242160019)"))
-            change = diff(self._open(conn), held, t, **kw)
-            change = self._after_last_end(conn, change, t)
-            for interval_id, end, reason in change.close:
-                conn.execute(
-                    intervals.update()
-                    .where(intervals.c.id == interval_id, intervals.c.end.is_(None))
-                    .values(end=end, end_reason=reason)
-                )
-            if change.open:
-                conn.execute(intervals.insert(), [_values(h, start) for h, start in change.open])
-        return change
+            open_now = {i.id: i for i in self._open(conn)}
+            for held, t, kw in snapshots:
+                change = diff(open_now.values(), held, t, **kw)
+                change = self._after_last_end(conn, change, t)
+                for interval_id, end, reason in change.close:
+                    conn.execute(
+                        intervals.update()
+                        .where(intervals.c.id == interval_id, intervals.c.end.is_(None))
+                        .values(end=end, end_reason=reason)
+                    )
+                    del open_now[interval_id]
+                for holding, start in change.open:
+                    result = conn.execute(intervals.insert().values(**_values(holding, start)))
+                    key = result.inserted_primary_key
+                    assert key is not None
+                    new_id = int(key[0])
+                    open_now[new_id] = Interval(new_id, holding, start)
+                changes.append(change)
+        return changes
 
     @staticmethod
     def _after_last_end(conn: Connection, change: Change, t: int) -> Change:
