@@ -85,6 +85,11 @@ class LedgerFeed:
     def pending(self) -> int:
         return len(self._queue)
 
+    @property
+    def oldest_queued(self) -> float | None:
+        """When the oldest snapshot not yet written was taken (None: nothing queued)."""
+        return self._queue[0].t if self._queue else None
+
     def flush(self, batch: int = 200) -> list[Change]:
         """Write every queued snapshot, oldest first (one writer at a time; up to `batch`
         snapshots per transaction)."""
