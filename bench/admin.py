@@ -235,12 +235,18 @@ def _hub(root: Path, overlay: Config, env: dict[str, str] | None = None) -> Any:
     return hub
 
 
+def declared(gpus: int) -> str:
+    """A declared inventory of `gpus` simulated GPUs (one part holds at most 64)."""
+    parts = [64] * (gpus // 64) + ([gpus % 64] if gpus % 64 else [])
+    return ", ".join(f"{n} x {MODEL}" for n in parts)
+
+
 def seed_allocations(state_dir: Path, gpus: int, servers: int) -> None:
     """`servers` quarter-GPU allocations in the allocator's own database, as the hub will find
     them at start (the hub's declared inventory: `gpus` simulated GPUs on this host)."""
     from gpulab.hub import inventory as inv
 
-    node = inv.parse_declared(f"{gpus} x {MODEL}", cpu_milli=10**9, memory_mib=10**9)
+    node = inv.parse_declared(declared(gpus), cpu_milli=10**9, memory_mib=10**9)
     allocator = Allocator.open(
         Inventory([node]), db_url=f"sqlite:///{state_dir / 'gpulab-allocations.sqlite'}"
     )
@@ -270,7 +276,7 @@ def render_phase(args: argparse.Namespace, root: Path, out: Results) -> None:
     state.mkdir()
     seed_allocations(state, gpus, n)
     overlay = Config()
-    overlay.GPUCapacity.declared_inventory = f"{gpus} x {MODEL}"
+    overlay.GPUCapacity.declared_inventory = declared(gpus)
     overlay.GPUCapacity.node_cpu_limit = 10**6
     overlay.GPUCapacity.node_mem_limit = "1000000G"
     hub = _hub(state, overlay)
@@ -353,7 +359,7 @@ def _wait_gone(hub: Any, users: list[str], t0: float) -> float:
 def bulk_stop_phase(args: argparse.Namespace, root: Path, out: Results) -> None:
     n = args.stop
     overlay = Config()
-    overlay.GPUCapacity.declared_inventory = f"{-(-n // 4)} x {MODEL}"
+    overlay.GPUCapacity.declared_inventory = declared(-(-n // 4))
     hub = _hub(root / "stop", overlay)
     hub.start()
     try:

@@ -28,6 +28,8 @@ fixtures, e.g. `Hub(...).start()` in its body) fails, naming the fixture to use.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -214,6 +216,28 @@ def postgres() -> Iterator[PostgresServer]:
 
     with running_postgres() as server:
         yield server
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder every account can read (servers run as their users' own accounts, and pytest's
+    tmp_path is private to the test's): for files a test hands its servers, such as simulated
+    GPU figures."""
+    path = Path(tempfile.mkdtemp(prefix="gpulab-shared-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database's URL for a store's tests, run twice: a SQLite file, then a database on
+    the session's PostgreSQL (the fixture `postgres`, which marks those tests e2e)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/store.sqlite"
+    return str(request.getfixturevalue(request.param).new_database())
 
 
 # -- browsers ------------------------------------------------------------------------------------

@@ -354,6 +354,17 @@ class Hub:
         assert r.status_code == 200, r.text
         return {a["id"]: a for a in r.json()["allocations"]}
 
+    def ledger_intervals(self) -> list[Any]:
+        """Every interval of the hub's GPU-hour ledger (its SQLite file in the state directory),
+        read as an admin's audit would; the hub writes it within moments of a change."""
+        from gpulab.hub.ledger.store import SQLITE_FILE, LedgerStore
+
+        store = LedgerStore(f"sqlite:///{self.state_dir / SQLITE_FILE}")
+        try:
+            return store.intervals(0, 2**40)
+        finally:
+            store.close()
+
     def server_pid(self, user: str, server: str = "") -> int:
         model = self.server_model(user, server)
         assert model is not None

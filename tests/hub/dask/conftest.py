@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,13 +23,10 @@ def make_spec(**changes: object) -> ClusterSpec:
     return ClusterSpec(**values)  # type: ignore[arg-type]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database's URL: a SQLite file, then a database on the session's PostgreSQL
-    (the harness fixture `postgres`, which marks those tests e2e)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/dask.sqlite"
-    return str(request.getfixturevalue(request.param).new_database())
+@pytest.fixture
+def store_url(database_url: str) -> str:
+    """An empty database: SQLite, then PostgreSQL (the harness's `database_url`)."""
+    return database_url
 
 
 @pytest.fixture

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from gpulab.hub.ledger.store import LedgerStore
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database's URL: a SQLite file, then a database on the session's PostgreSQL
-    (the harness fixture `postgres`, which marks those tests e2e)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.sqlite"
-    return str(request.getfixturevalue(request.param).new_database())
+@pytest.fixture
+def ledger_url(database_url: str) -> str:
+    """An empty database: SQLite, then PostgreSQL (the harness's `database_url`)."""
+    return database_url
 
 
 @pytest.fixture

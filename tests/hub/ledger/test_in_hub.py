@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +21,8 @@ from tests.harness.wait import wait_for
 
 
 @pytest.fixture
-def figures_dir() -> Iterator[Path]:
-    """Where the simulated GPUs' figures are (readable by the servers' own accounts)."""
-    path = Path(tempfile.mkdtemp(prefix="gpulab-ledger-test-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def ledger_hub(make_hub: Any, tmp_path: Path, figures_dir: Path) -> Hub:
-    figures = figures_dir / "gpus.json"
+def ledger_hub(make_hub: Any, tmp_path: Path, shared_dir: Path) -> Hub:
+    figures = shared_dir / "gpus.json"
     figures.write_text(json.dumps({"*": {"utilization_pct": 60}}))  # busy simulated GPUs
     config = tmp_path / "metrics_config.py"
     config.write_text("c.MetricsService.listing_interval_seconds = 1\n")
@@ -182,7 +168,7 @@ def test_a_user_reads_her_own_gpu_hours_only_and_a_spent_budget_refuses_a_launch
 
 
 def test_the_admin_overview_shows_each_slices_pushed_figures_and_gpu_idle_time(
-    ledger_hub: Hub, figures_dir: Path
+    ledger_hub: Hub, shared_dir: Path
 ) -> None:
     hub = ledger_hub
     hub.create_user("alice")
@@ -201,7 +187,7 @@ def test_the_admin_overview_shows_each_slices_pushed_figures_and_gpu_idle_time(
         busy["live"]["age_seconds"] <= 15
     )  # at most one push interval (1 s here) old, and then some
     # the GPU goes quiet: the panel counts GPU-idle time from the first quiet push
-    (figures_dir / "gpus.json").write_text(json.dumps({"*": {"utilization_pct": 0}}))
+    (shared_dir / "gpus.json").write_text(json.dumps({"*": {"utilization_pct": 0}}))
 
     def idle_for_a_while() -> dict[str, Any] | None:
         row = alice_row()

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +48,6 @@ def service_token(hub: Hub) -> str:
         if env.get(b"JUPYTERHUB_SERVICE_NAME") == b"gpulab-metrics" and marker in raw:
             return env[b"JUPYTERHUB_API_TOKEN"].decode()
     raise AssertionError("no gpulab-metrics process for this hub")
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A folder the servers can read: they run as their users' own accounts, and pytest's
-    tmp_path is private to the test's account."""
-    path = Path(tempfile.mkdtemp(prefix="gpulab-metrics-test-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

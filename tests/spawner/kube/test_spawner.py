@@ -168,6 +168,16 @@ def test_on_demand_request_evicts_a_preemptible_server_who_is_told_why(kube_hub,
         for e in events
     )
     assert set(hub.allocations()) == {"dora/"}
+    # the GPU-hour ledger says so too: spot's share ended as preempted, dora's is open
+    wait_for(
+        "the ledger to record the preemption",
+        lambda: (
+            {(i.holding.user, i.end_reason) for i in hub.ledger_intervals()}
+            == {("spot", "preempted"), ("dora", None)}
+            or None
+        ),
+        30,
+    )
     admin = hub.login("admin", hub.admin_password())
     # the evicted user (here seen through an admin session) reads why in the picker
     page = admin.get("/hub/spawn/spot").text
@@ -188,6 +198,16 @@ def test_lost_node_frees_its_servers_share(kube_hub, cluster):
             "the hub to notice tess's server is gone", lambda: hub.server_model("tess") is None, 120
         )
         assert "tess/" not in hub.allocations()
+        # the ledger closes tess's share for the lost node, not as a release
+        wait_for(
+            "the ledger to close tess's share",
+            lambda: (
+                [i.end_reason for i in hub.ledger_intervals() if i.holding.user == "tess"]
+                == ["node-lost"]
+                or None
+            ),
+            30,
+        )
     finally:
         cluster.start_node("gk-t4")
         wait_for("gk-t4 Ready again", lambda: hub.capacity()["t4-1"]["free"] == 1, 120)
@@ -208,6 +228,10 @@ def test_hub_restart_keeps_pods_and_their_allocations(kube_hub, cluster):
     assert hub.server_model("remy")["ready"]
     assert placed_pod_of(cluster, "remy")["metadata"]["uid"] == pod["metadata"]["uid"]
     assert hub.capacity()["a100-quarter"]["free"] == free_before
+    # one interval for remy's MIG slice, still open: the restart neither closed nor repeated it
+    (interval,) = [i for i in hub.ledger_intervals() if i.holding.user == "remy"]
+    assert interval.open and interval.holding.mig_profile == "2g.20gb"
+    assert interval.holding.profile == "a100-quarter" and interval.holding.workload == "server"
 
 
 def test_upstream_profile_list_keeps_working_unchanged(make_hub, cluster):
