@@ -115,6 +115,7 @@ class GPULedger(SingletonConfigurable):
         self._warned: dict[tuple[str, str], str] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Future[None] | None = None
+        self._stopping: set[asyncio.Future[Any]] = set()
         self.collector = LedgerCollector(self)
 
     def _quota(self) -> HourQuota:
@@ -278,4 +279,7 @@ class GPULedger(SingletonConfigurable):
                     and spawner.active
                 ):
                     log.warning("gpulab: stopping %s/%s: %s", user, name, reason)
-                    await hub_user.stop(name)
+                    # in the background: a stop takes seconds, and the ledger's writes go on
+                    stop = asyncio.ensure_future(hub_user.stop(name))
+                    self._stopping.add(stop)
+                    stop.add_done_callback(self._stopping.discard)

@@ -210,3 +210,36 @@ def test_the_admin_overview_shows_each_slices_pushed_figures_and_gpu_idle_time(
         30,
         0.5,
     )
+
+
+def test_a_group_budget_used_up_during_a_session_stops_the_members_gpu_server(
+    make_hub: Any,
+) -> None:
+    overlay = Config()
+    overlay.GPUCapacity.declared_inventory = "2 x A100-SXM4-80GB"
+    overlay.GPULedger.reconcile_interval_seconds = 1
+    overlay.GPULedger.budget_check_interval_seconds = 1
+    overlay.GPULedger.hour_quota_groups = {"course": "1/900"}  # 4 s of a whole GPU
+    overlay.GPULedger.stop_when_exhausted = True
+    hub = make_hub(overlay, env={"GPULAB_METRICS_SERVICE": "0"})
+    hub.create_user("carol", groups=("course",))
+    hub.create_user("dave")
+    hub.start_server("dave", profile="gpu-1")  # no budget binds dave: his server runs on
+    hub.start_server("carol", profile="gpu-1")
+    wait_for(
+        "carol's server stopped for her group's budget",
+        lambda: hub.server_model("carol") is None or None,
+        60,
+        0.5,
+    )
+    assert [a["owner"] for a in hub.allocations().values()] == ["dave"]
+    assert hub.server_model("dave") is not None
+    # she reads why the next time she opens the picker (seen here through an admin session)
+    admin = hub.login("admin", hub.admin_password())
+    page = admin.get("/hub/spawn/carol").text
+    assert "GPU-hour budget used up: group course:" in page
+    # and a new GPU start is refused, naming the budget
+    r = hub.spawn("carol", profile="gpu-quarter")
+    assert r.status_code == 403 and "group course" in r.json()["message"]
+    (interval,) = [i for i in hub.ledger_intervals() if i.holding.user == "carol"]
+    assert interval.end is not None and interval.holding.groups == ("course",)
