@@ -256,6 +256,7 @@ class GPUCapacity(SingletonConfigurable):
         self._other_owners: list[Callable[[], set[str]]] = []
         self._evictors: list[tuple[Callable[[str], bool], Evict]] = []
         self._allocator_listeners: list[Listener] = []
+        self._end_reasons: dict[str, str] = {}
         #: why a request may not start for lack of GPU-hours, or None (`GPULedger` sets it)
         self.hour_budget_check: Callable[[Request], str | None] | None = None
         self.quota = self._quota()
@@ -582,8 +583,15 @@ class GPUCapacity(SingletonConfigurable):
                 return True
         return False
 
-    async def release(self, allocation_id: str) -> Placement | None:
-        placement = await asyncio.to_thread(self.allocator.release, allocation_id)
+    def note_end_reason(self, allocation_id: str, reason: str) -> None:
+        """Why `allocation_id` is about to end, for when its holder releases it (a stop by the
+        culler, a budget or an admin's preemption: the GPU-hour ledger records it)."""
+        self._end_reasons[allocation_id] = reason
+
+    async def release(self, allocation_id: str, reason: str | None = None) -> Placement | None:
+        why = reason or self._end_reasons.pop(allocation_id, "released")
+        self._end_reasons.pop(allocation_id, None)
+        placement = await asyncio.to_thread(self.allocator.release, allocation_id, why)
         if placement is not None and self._release_event is not None:
             event, self._release_event = self._release_event, None
             event.set()

@@ -181,8 +181,9 @@ class Allocator:
             self._notify({})
             return placement
 
-    def release(self, request_id: str) -> Placement | None:
-        """Free ``request_id``'s resources; idempotent, None when it is not held."""
+    def release(self, request_id: str, reason: str = "released") -> Placement | None:
+        """Free ``request_id``'s resources; idempotent, None when it is not held. ``reason``
+        is what listeners are told (the GPU-hour ledger's end reason: "released", "culled"...)."""
         with self._lock:
             placement = self._placements.get(request_id)
             if placement is None:
@@ -194,7 +195,7 @@ class Allocator:
                 return None
             self.store.commit([], [request_id])
             self._forget(request_id)
-            self._notify({request_id: "released"})
+            self._notify({request_id: reason})
             return placement
 
     def propose_preemption(

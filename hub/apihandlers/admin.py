@@ -462,6 +462,7 @@ class AdminActionsAPIHandler(_AdminHandler):
                 raise ActionRefused("No running server holds this allocation")
             _user, spawner = held
             capacity.record_event(request.id, "preempted", reason)
+            capacity.note_end_reason(request.id, "preempted")
             message = "Preempted: " + await self.stop_server(placement, *held)
             what = f"server {spawner.name!r}" if spawner.name else "default server"
         else:

@@ -12,6 +12,8 @@ serves the rollups at /hub/api/gpulab/usage.
 """
 
 from .model import (
+    BUDGET,
+    CULLED,
     END_REASONS,
     GONE,
     NODE_LOST,
@@ -33,6 +35,8 @@ from .rollup import BUCKETS, DIMENSIONS, RollupError, Row, UsageSample, rollup
 
 __all__ = [
     "BUCKETS",
+    "BUDGET",
+    "CULLED",
     "DIMENSIONS",
     "END_REASONS",
     "GONE",

@@ -22,15 +22,19 @@ from typing import Any
 #: kinds of workload an interval can belong to; "external" is a GPU pod gpulab did not make
 WORKLOADS = ("server", "job", "dask", "external")
 
-#: why an interval closed
-RELEASED, PREEMPTED, RESIZED, GONE, NODE_LOST = (
+#: why an interval closed: released by its holder, preempted (for on-demand work, or by an
+#: admin), resized, gone (found missing without a release), its node lost, culled (GPU-aware
+#: culling), budget (a GPU-hour budget used up)
+RELEASED, PREEMPTED, RESIZED, GONE, NODE_LOST, CULLED, BUDGET = (
     "released",
     "preempted",
     "resized",
     "gone",
     "node-lost",
+    "culled",
+    "budget",
 )
-END_REASONS = (RELEASED, PREEMPTED, RESIZED, GONE, NODE_LOST)
+END_REASONS = (RELEASED, PREEMPTED, RESIZED, GONE, NODE_LOST, CULLED, BUDGET)
 
 MILLI = 1000
 

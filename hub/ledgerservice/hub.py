@@ -28,7 +28,7 @@ from traitlets.config import SingletonConfigurable
 from gpulab.hub.allocator import Request
 from gpulab.hub.capacity import HOUR_BUDGET_REFUSAL, GPUCapacity
 from gpulab.hub.hub_service import hub_started
-from gpulab.hub.ledger import Budget, HourQuota, HourQuotaError, budgets, tightest
+from gpulab.hub.ledger import BUDGET, Budget, HourQuota, HourQuotaError, budgets, tightest
 from gpulab.hub.ledger.feed import LedgerFeed
 from gpulab.hub.ledger.quota import EXHAUSTED, WARN, allocated_milli_seconds
 from gpulab.hub.ledger.store import LedgerStore
@@ -267,7 +267,7 @@ class GPULedger(SingletonConfigurable):
             if capacity.has_evictor(placement):  # a job run or a Dask worker
                 # as for a preemption: the share is given back first, then its owner stops it
                 # (a job run is queued again and waits for budget like any new run)
-                await capacity.release(placement.request.id)
+                await capacity.release(placement.request.id, reason=BUDGET)
                 await capacity.evict(placement, reason)
                 continue
             hub_user = app.users.get(user) if app is not None else None
@@ -279,6 +279,7 @@ class GPULedger(SingletonConfigurable):
                     and spawner.active
                 ):
                     log.warning("gpulab: stopping %s/%s: %s", user, name, reason)
+                    capacity.note_end_reason(placement.request.id, BUDGET)
                     # in the background: a stop takes seconds, and the ledger's writes go on
                     stop = asyncio.ensure_future(hub_user.stop(name))
                     self._stopping.add(stop)

@@ -242,4 +242,4 @@ def test_a_group_budget_used_up_during_a_session_stops_the_members_gpu_server(
     r = hub.spawn("carol", profile="gpu-quarter")
     assert r.status_code == 403 and "group course" in r.json()["message"]
     (interval,) = [i for i in hub.ledger_intervals() if i.holding.user == "carol"]
-    assert interval.end is not None and interval.holding.groups == ("course",)
+    assert interval.end_reason == "budget" and interval.holding.groups == ("course",)
