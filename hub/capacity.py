@@ -260,6 +260,9 @@ class GPUCapacity(SingletonConfigurable):
         #: why a request may not start for lack of GPU-hours, or None (`GPULedger` sets it)
         self.hour_budget_check: Callable[[Request], str | None] | None = None
         self.quota = self._quota()
+        #: whether `allocator` holds the real allocations: on Kubernetes only once the cluster's
+        #: watches have synced and `attach` gave the rebuilt allocator (before, an empty one)
+        self.synced = self.inventory_source != "kubernetes"
         if self.inventory_source == "kubernetes":
             # the cluster's Nodes and pods are the inventory and the allocations; the Kubernetes
             # spawner attaches them once its watches have synced
@@ -359,6 +362,7 @@ class GPUCapacity(SingletonConfigurable):
         cluster's Nodes and pods)."""
         old = self.allocator
         self.allocator, self.inventory, self.inventory_label = allocator, inventory, label
+        self.synced = True
         self._fits_idle.clear()
         for listener in self._allocator_listeners:
             old.remove_listener(listener)

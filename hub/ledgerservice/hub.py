@@ -184,8 +184,15 @@ class GPULedger(SingletonConfigurable):
     async def _run(self, capacity: GPUCapacity, started: Any, app: Any) -> None:
         if started is not None:
             await started()
-        with contextlib.suppress(Exception):
-            await capacity.ready()
+        # Never reconcile against an allocator that does not hold the real allocations yet (on
+        # Kubernetes, the empty one before the cluster's watches synced): every open interval
+        # would end as "released" and start again a moment later.
+        while not capacity.synced:
+            try:
+                await capacity.ready()
+            except Exception as e:
+                log.warning("gpulab: GPU-hour ledger waits for the GPU inventory: %s", e)
+                await asyncio.sleep(5)
         next_reconcile = next_budget = 0.0
         while True:
             now = time.monotonic()
