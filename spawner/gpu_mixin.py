@@ -24,7 +24,7 @@ from gpulab.hub.allocator import (
     QuotaExceeded,
     Request,
 )
-from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.capacity import GPUCapacity, HourBudgetStanding
 from gpulab.hub.profiles import Profile
 from gpulab.hub.refusals import MAX_BODY_BYTES, refusal, shown
 from gpulab.hub.workspaces import Workspaces, keeps_workspaces
@@ -123,11 +123,12 @@ class GPUSpawnerMixin(Configurable):
         previous = (self.user_options or {}).get("profile")
         default = previous if capacity.profile(str(previous)) else None
         default = default or next((p.slug for p in profiles if p.default), profiles[0].slug)
+        hour_budget = capacity.hour_budget(self.user.name, self.user_groups)
         rows = []
         for p in profiles:
             a = capacity.availability(p)
             # a full profile stays selectable when spawns may wait in the queue for it
-            reason = self._closed_because(p, a)
+            reason = self._closed_because(p, a, hour_budget)
             rows.append(
                 PickerRow(a, self.isolation_preview(p), p.slug == default, bool(reason), reason)
             )
@@ -140,13 +141,18 @@ class GPUSpawnerMixin(Configurable):
             notices=capacity.take_notices(self.user.name),
             workspace=workspace,
             workspaces_url=f"{self.hub.base_url}gpulab/workspaces" if self.hub else "",
+            hour_budget=hour_budget,
         )
 
-    def _closed_because(self, profile: Profile, availability: Any) -> str:
+    def _closed_because(
+        self, profile: Profile, availability: Any, hour_budget: HourBudgetStanding | None = None
+    ) -> str:
         """Why the picker disables a profile ('' when it may be chosen): the same checks a start
         makes, so that a person is not offered what would be refused."""
         if not availability.fits_inventory:
             return "Larger than any machine here"
+        if profile.gpu > 0 and hour_budget is not None and hour_budget.exhausted:
+            return "Your GPU-hour budget is used up"
         over = self.gpu_capacity.over_quota(profile, self.user.name, self.user_groups)
         if over:
             return over

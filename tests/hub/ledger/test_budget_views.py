@@ -1,6 +1,6 @@
 """GPU-hours and GPU-hour budgets as admins and users see them, on a real hub whose ledger holds
-five days of seeded history: the admin budgets endpoint, and the admin panel's top consumers,
-budgets and usage CSV in a real browser.
+five days of seeded history: the admin budgets endpoint, the picker's budget line, and the admin
+panel's top consumers, budgets and usage CSV in a real browser.
 
 The history (GPU-hours, all closed, in the 30-day budget window; D = a day before the seeding):
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from gpulab.hub.scopes import ADMIN_READ
 from tests.harness.browser import log_in_as_admin
 from tests.harness.hub import Hub
 from tests.harness.ledger import Held, seed_ledger
+from tests.harness.wait import wait_for
 
 DAY, HOUR = 86400, 3600
 ARTIFACTS = Path(os.environ.get("GPULAB_TEST_ARTIFACTS", Path(__file__).parents[1] / "artifacts"))
@@ -151,6 +153,70 @@ def test_the_budgets_endpoint_refuses_a_user_without_the_panels_scope(hub):
     assert ADMIN_READ in r.json()["message"]
     # alice may read her own budget, not everyone's
     assert _token(hub, "alice").get("/gpulab/admin/budgets").status_code == 403
+
+
+# -- the profile picker ---------------------------------------------------------------------------
+
+
+def _picker(hub: Hub, user: str) -> str:
+    admin = hub.login("admin", hub.admin_password())
+    r = admin.get(f"/hub/spawn/{user}")
+    assert r.status_code == 200, r.text[-2000:]
+    assert 'class="gpulab-picker"' in r.text
+    return r.text
+
+
+def _picker_once_budgets_are_counted(hub: Hub, user: str) -> str:
+    """`user`'s picker once the ledger's first budget count after start-up has run."""
+
+    def page() -> str | None:
+        text = _picker(hub, user)
+        return text if "gpulab-hour-budget" in text else None
+
+    return wait_for(f"{user}'s GPU-hour budget in the picker", page, 30, 0.5)
+
+
+def _profile_label(page: str, slug: str) -> str:
+    found = re.search(rf'<label [^>]*for="profile-{slug}".*?</label>', page, re.S)
+    assert found, slug
+    return found.group(0)
+
+
+def test_the_picker_shows_the_gpu_hours_left_of_the_tightest_budget(hub):
+    line = '<p class="gpulab-hour-budget" data-exhausted="false">{}</p>'
+    dave = _picker_once_budgets_are_counted(hub, "dave")
+    assert line.format("GPU-hours: 50.0 of 50 left (30 days)") in dave
+    assert "gpulab-hour-budget-refusal" not in dave
+    # alice has 88 of her own 100 left, but her group ml only 2 of 20: the group's decides
+    alice = _picker(hub, "alice")
+    assert line.format("GPU-hours: 2.0 of 20 left (30 days, group ml)") in alice
+    assert "disabled" not in _profile_label(alice, "gpu-quarter")
+    # no budget binds erin: no line at all
+    assert "gpulab-hour-budget" not in _picker(hub, "erin")
+
+
+def test_the_picker_says_an_exhausted_budget_refuses_gpu_profiles_and_leaves_cpu_open(hub):
+    carol = _picker_once_budgets_are_counted(hub, "carol")
+    assert (
+        '<p class="gpulab-hour-budget" data-exhausted="true">GPU-hours: 0.0 of 2 left (30 days)</p>'
+    ) in carol
+    refusal = re.search(
+        r'<div class="alert alert-danger gpulab-hour-budget-refusal".*?</div>', carol, re.S
+    )
+    assert refusal, carol
+    text = " ".join(re.sub(r"<[^>]+>", " ", refusal.group(0)).split())
+    assert text == (
+        "GPU-hour budget used up (carol: 2.0 of 2 GPU-hours allocated, 0.0 left in the last "
+        "30 days). GPU profiles cannot start until older GPU-hours leave the window; a CPU-only "
+        "profile needs none."
+    )
+    quarter = _profile_label(carol, "gpu-quarter")
+    assert "disabled" in quarter and "Your GPU-hour budget is used up" in quarter
+    assert "disabled" not in _profile_label(carol, "cpu")
+    # and the hub refuses what the picker closed, with the same sentence
+    r = hub.spawn("carol", profile="gpu-quarter")
+    assert r.status_code == 403
+    assert "GPU-hour budget used up (carol: 2.0 of 2 GPU-hours allocated" in r.json()["message"]
 
 
 # -- the admin panel in a browser -----------------------------------------------------------------
