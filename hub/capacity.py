@@ -102,6 +102,21 @@ ALLOCATOR_QUOTA_HINT = " Release a server or ask for a preemptible (spot) server
 #: how a refusal for lack of GPU-hours begins (`GPULedger.launch_refusal`)
 HOUR_BUDGET_REFUSAL = "GPU-hour budget used up"
 
+
+@dataclass(frozen=True)
+class HourBudgetStanding:
+    """A user's tightest GPU-hour budget as the picker shows it."""
+
+    #: 'GPU-hours: 12.5 of 100 left (30 days)'
+    text: str
+    #: the launch check's refusal when the budget is used up ('' while GPU-hours are left)
+    refusal: str = ""
+
+    @property
+    def exhausted(self) -> bool:
+        return bool(self.refusal)
+
+
 #: (placement, reason) -> returns once nothing of that allocation runs
 Evict = Callable[[Placement, str], Awaitable[None]]
 
@@ -259,6 +274,11 @@ class GPUCapacity(SingletonConfigurable):
         self._end_reasons: dict[str, str] = {}
         #: why a request may not start for lack of GPU-hours, or None (`GPULedger` sets it)
         self.hour_budget_check: Callable[[Request], str | None] | None = None
+        #: the tightest GPU-hour budget binding a user and her groups, or None when none binds
+        #: her (`GPULedger` sets it; the picker shows it)
+        self.hour_budget_standing: (
+            Callable[[str, frozenset[str]], HourBudgetStanding | None] | None
+        ) = None
         self.quota = self._quota()
         #: whether `allocator` holds the real allocations: on Kubernetes only once the cluster's
         #: watches have synced and `attach` gave the rebuilt allocator (before, an empty one)
@@ -487,6 +507,12 @@ class GPUCapacity(SingletonConfigurable):
             return None
         used = self.allocator.usage_milli(owner)
         return f"GPU quota: {format_gpu_amount(used)} in use, {format_gpu_amount(left)} left"
+
+    def hour_budget(self, owner: str, groups: frozenset[str]) -> HourBudgetStanding | None:
+        """The user's tightest GPU-hour budget (None: none binds her, or no ledger runs)."""
+        if self.hour_budget_standing is None:
+            return None
+        return self.hour_budget_standing(owner, groups)
 
     def over_quota(self, profile: Profile, owner: str, groups: frozenset[str]) -> str | None:
         """Why `profile` cannot start within the user's remaining GPU budget (None: it can)."""

@@ -24,11 +24,12 @@ from gpulab.hub.allocator import (
     QuotaExceeded,
     Request,
 )
-from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.capacity import GPUCapacity, HourBudgetStanding
 from gpulab.hub.profiles import Profile
 from gpulab.hub.refusals import MAX_BODY_BYTES, refusal, shown
 from gpulab.hub.workspaces import Workspaces, keeps_workspaces
 from gpulab.spawner.environment import AssignedGPU, Enforcement, enforcement_for
+from gpulab.spawner.gpu_summary import GPU_SUMMARY_OPTION, gpu_summary, without_gpu_summary
 from gpulab.spawner.names import (
     DECLARED_INVENTORY,
     GPU_INVENTORY_ENV,
@@ -123,11 +124,12 @@ class GPUSpawnerMixin(Configurable):
         previous = (self.user_options or {}).get("profile")
         default = previous if capacity.profile(str(previous)) else None
         default = default or next((p.slug for p in profiles if p.default), profiles[0].slug)
+        hour_budget = capacity.hour_budget(self.user.name, self.user_groups)
         rows = []
         for p in profiles:
             a = capacity.availability(p)
             # a full profile stays selectable when spawns may wait in the queue for it
-            reason = self._closed_because(p, a)
+            reason = self._closed_because(p, a, hour_budget)
             rows.append(
                 PickerRow(a, self.isolation_preview(p), p.slug == default, bool(reason), reason)
             )
@@ -140,13 +142,18 @@ class GPUSpawnerMixin(Configurable):
             notices=capacity.take_notices(self.user.name),
             workspace=workspace,
             workspaces_url=f"{self.hub.base_url}gpulab/workspaces" if self.hub else "",
+            hour_budget=hour_budget,
         )
 
-    def _closed_because(self, profile: Profile, availability: Any) -> str:
+    def _closed_because(
+        self, profile: Profile, availability: Any, hour_budget: HourBudgetStanding | None = None
+    ) -> str:
         """Why the picker disables a profile ('' when it may be chosen): the same checks a start
         makes, so that a person is not offered what would be refused."""
         if not availability.fits_inventory:
             return "Larger than any machine here"
+        if profile.gpu > 0 and hour_budget is not None and hour_budget.exhausted:
+            return "Your GPU-hour budget is used up"
         over = self.gpu_capacity.over_quota(profile, self.user.name, self.user_groups)
         if over:
             return over
@@ -182,6 +189,13 @@ class GPUSpawnerMixin(Configurable):
 
     def gpulab_apply_user_options(self, user_options: Any) -> None:
         """JupyterHub's apply_user_options hook: validate the choice before anything starts."""
+        # a GPU summary among the options is the hub's own, copied back (gpulab.spawner.
+        # gpu_summary): no choice of the user's, and never kept as the next start's default
+        user_options = without_gpu_summary(user_options)
+        self.user_options = without_gpu_summary(self.user_options)
+        orm_spawner = getattr(self, "orm_spawner", None)
+        if orm_spawner is not None:
+            orm_spawner.user_options = without_gpu_summary(orm_spawner.user_options)
         self.gpulab_profile = self.resolve_profile(user_options)
         snapshot, kernels = workspace_choices(user_options)
         if (snapshot or kernels) and not keeps_workspaces(self):
@@ -193,6 +207,7 @@ class GPUSpawnerMixin(Configurable):
         capacity = self.gpu_capacity
         if user_options is None:
             user_options = {}
+        user_options = without_gpu_summary(user_options)
         if not isinstance(user_options, dict):
             raise refusal(
                 400,
@@ -310,6 +325,7 @@ class GPUSpawnerMixin(Configurable):
             except (InvalidRequest, AlreadyAllocated) as e:
                 raise refusal(_status_for(e), e.reason) from None
         self.gpulab_placement = placement
+        self.show_gpu_summary(profile.slug, placement)
         self.log.info(
             "GPU allocation %s (profile %s) -> %s %s",
             request.id,
@@ -322,6 +338,7 @@ class GPUSpawnerMixin(Configurable):
     async def gpulab_release(self) -> None:
         released = await self.gpu_capacity.release(self.allocation_id)
         self.gpulab_placement = None
+        self.user_options = without_gpu_summary(self.user_options)
         if released is not None:
             self.log.info("Released GPU allocation %s", self.allocation_id)
 
@@ -354,6 +371,15 @@ class GPUSpawnerMixin(Configurable):
     def restore_placement(self) -> None:
         """After a hub restart, pick our placement back up from the allocator's store."""
         self.gpulab_placement = self.gpu_capacity.allocator.get(self.allocation_id)
+        if self.gpulab_placement is not None:
+            self.show_gpu_summary(None, self.gpulab_placement)
+
+    def show_gpu_summary(self, profile: str | None, placement: Placement) -> None:
+        """Put the placement's summary where JupyterHub's admin page shows it (the in-memory
+        user_options only: see gpulab.spawner.gpu_summary)."""
+        summary = gpu_summary(profile, placement, self.gpu_capacity.gpu_by_uuid)
+        options = without_gpu_summary(self.user_options) or {}
+        self.user_options = {**options, GPU_SUMMARY_OPTION: summary}
 
     async def gpulab_progress(self) -> AsyncIterator[dict[str, Any]]:
         last = None

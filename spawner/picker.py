@@ -11,7 +11,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from gpulab.hub.capacity import ProfileAvailability
+from gpulab.hub.capacity import HourBudgetStanding, ProfileAvailability
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,11 @@ def render_picker(
     notices: Sequence[str] = (),
     workspace: Mapping[str, Any] | None = None,
     workspaces_url: str = "",
+    hour_budget: HourBudgetStanding | None = None,
 ) -> str:
     """`workspace`: the spawner's workspace_offer() (kernel checkpoints and home snapshots), or
-    None when the spawner keeps no workspace."""
+    None when the spawner keeps no workspace. `hour_budget`: the user's tightest GPU-hour budget
+    (None when none binds her)."""
     return _TEMPLATE.render(
         rows=rows,
         inventory_label=inventory_label,
@@ -63,4 +65,5 @@ def render_picker(
         notices=notices,
         workspace=workspace,
         workspaces_url=workspaces_url,
+        hour_budget=hour_budget,
     )

@@ -188,7 +188,10 @@ class UserUsageAPIHandler(_UsageHandler):
         ledger = self.ledger()
         groups = tuple(g.name for g in user.groups)
         budgets = [b.to_json() for b in ledger.budgets_of(user.name, groups)]
-        await self.answer({user.name}, {"user": user.name, "budgets": budgets})
+        extra = {"user": user.name, "budgets": budgets}
+        # the budgets' own window (the rollup's since..until is the query's)
+        extra["budget_window_days"] = ledger.hour_quota_window_days
+        await self.answer({user.name}, extra)
 
 
 default_handlers: list[tuple[str, type[Any]]] = [

@@ -26,7 +26,7 @@ from traitlets import Bool, Dict, Float, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub.allocator import Request
-from gpulab.hub.capacity import HOUR_BUDGET_REFUSAL, GPUCapacity
+from gpulab.hub.capacity import HOUR_BUDGET_REFUSAL, GPUCapacity, HourBudgetStanding
 from gpulab.hub.hub_service import hub_started
 from gpulab.hub.ledger import BUDGET, Budget, HourQuota, HourQuotaError, budgets, tightest
 from gpulab.hub.ledger.feed import LedgerFeed
@@ -161,6 +161,7 @@ class GPULedger(SingletonConfigurable):
         self.feed = LedgerFeed(self.store, lambda: capacity.inventory, on_queued=wake)
         capacity.add_allocator_listener(self.feed.listener)
         capacity.hour_budget_check = self.launch_refusal
+        capacity.hour_budget_standing = self.standing
         register_collector(self.collector)
         self._task = asyncio.ensure_future(self._run(capacity, started, app))
 
@@ -235,8 +236,26 @@ class GPULedger(SingletonConfigurable):
         found = tightest(self.budgets_of(request.owner, tuple(request.groups)))
         if found is None or found.state != EXHAUSTED:
             return None
+        return self._refusal(found)
+
+    def _refusal(self, budget: Budget) -> str:
         window = f"{self.hour_quota_window_days:g} days"
-        return f"{HOUR_BUDGET_REFUSAL} ({found.describe()} in the last {window})."
+        return f"{HOUR_BUDGET_REFUSAL} ({budget.describe()} in the last {window})."
+
+    def standing(self, user: str, groups: frozenset[str]) -> HourBudgetStanding | None:
+        """The tightest budget binding `user` as the picker shows it: 'GPU-hours: 12.5 of 100
+        left (30 days)', with the launch check's own refusal once it is used up."""
+        found = tightest(self.budgets_of(user, tuple(groups)))
+        if found is None:
+            return None
+        window = f"{self.hour_quota_window_days:g} days"
+        if found.scope == "group":
+            window += f", group {found.name}"
+        text = (
+            f"GPU-hours: {found.remaining_gpu_hours:.1f} of {found.limit_gpu_hours:g} left "
+            f"({window})"
+        )
+        return HourBudgetStanding(text, self._refusal(found) if found.state == EXHAUSTED else "")
 
     async def enforce(self, capacity: GPUCapacity, app: Any) -> None:
         """Warn holders past the warning share of a budget (once per budget and state), and

@@ -332,7 +332,7 @@ def test_the_page_lists_servers_filters_stops_the_selected_one_and_exports_csv(h
         ivan.wait_for(timeout=30_000)
         assert judy.is_visible()
         assert "1/4 GPU" in ivan.inner_text() and MODEL in ivan.inner_text()
-        page.get_by_role("img", name="Top consumers by allocated GPUs").wait_for()
+        page.get_by_role("img", name="Top consumers by GPU-hours").wait_for()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "admin-panel.png"), full_page=True)
 

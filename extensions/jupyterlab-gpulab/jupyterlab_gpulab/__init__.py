@@ -49,6 +49,7 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     # preload (dask_preload) in images that may have no Jupyter server
     from jupyter_server.utils import url_path_join
 
+    from .budget import setup_budget_handlers
     from .handlers import setup_handlers
     from .jobs_handlers import setup_job_handlers
     from .monitor import GPUMonitor
@@ -63,6 +64,7 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     monitor = GPUMonitor(parent=server_app)
     setup_handlers(server_app.web_app, monitor)
     setup_job_handlers(server_app.web_app)
+    setup_budget_handlers(server_app.web_app)
     try:  # Dask clusters in the lab: gpulab[dask] installs distributed and dask-labextension
         from .dask_lab import setup_dask_lab
     except ImportError as e:

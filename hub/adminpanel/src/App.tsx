@@ -6,6 +6,7 @@ import { applyFilters, NO_FILTERS, type Filters } from './filters';
 import type { Action, ActionResult, Overview } from './types';
 import { FilterBar } from './components/FilterBar';
 import { GpuMap } from './components/GpuMap';
+import { BudgetsSection } from './components/Budgets';
 import { TopConsumers } from './components/TopConsumers';
 import { WorkloadTable } from './components/WorkloadTable';
 
@@ -148,7 +149,8 @@ export function App({ apiUrl }: { apiUrl: string }) {
         onToggleAll={toggleAll}
       />
       {overview && <GpuMap nodes={overview.nodes} />}
-      {overview && <TopConsumers workloads={overview.workloads} />}
+      <TopConsumers apiUrl={apiUrl} />
+      <BudgetsSection apiUrl={apiUrl} />
     </div>
   );
 }

@@ -9,7 +9,7 @@ declare global {
   }
 }
 
-function withXsrf(url: string): string {
+export function withXsrf(url: string): string {
   const token = window.jhdata?.xsrf_token;
   if (!token) {
     return url;
@@ -29,12 +29,17 @@ async function readError(response: Response): Promise<string> {
   return `${response.status} ${response.statusText}`;
 }
 
-export async function fetchOverview(apiUrl: string): Promise<Overview> {
-  const response = await fetch(withXsrf(apiUrl + 'overview'), { credentials: 'same-origin' });
+/** GET `url` (JSON) with the session cookie and the page's XSRF token. */
+export async function fetchJson<T>(url: string): Promise<T> {
+  const response = await fetch(withXsrf(url), { credentials: 'same-origin' });
   if (!response.ok) {
     throw new Error(await readError(response));
   }
-  return (await response.json()) as Overview;
+  return (await response.json()) as T;
+}
+
+export async function fetchOverview(apiUrl: string): Promise<Overview> {
+  return fetchJson<Overview>(apiUrl + 'overview');
 }
 
 export async function postAction(

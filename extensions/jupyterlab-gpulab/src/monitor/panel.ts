@@ -1,5 +1,6 @@
 /** The "GPU monitor" panel: the share, a view per device, the rules and the alerts. */
 import { Panel, Widget } from '@lumino/widgets';
+import { fetchBudget, showBudget } from '../budget/api';
 import { AlertsSection } from './alerts';
 import { DeviceView } from './device';
 import { fraction } from './format';
@@ -24,6 +25,12 @@ export class GpuMonitorPanel extends Panel {
     this._share.addClass('gpulab-share');
     this._share.node.dataset.testid = 'gpulab-share';
     this.addWidget(this._share);
+
+    this._budget = new Widget();
+    this._budget.node.dataset.testid = 'gpulab-budget';
+    showBudget(this._budget.node, null);
+    this.addWidget(this._budget);
+    void this._refreshBudget();
 
     this._devices = new Panel();
     this._devices.addClass('gpulab-devices');
@@ -51,6 +58,13 @@ export class GpuMonitorPanel extends Panel {
 
   protected onAfterShow(): void {
     this._showSamples();
+    void this._refreshBudget();
+  }
+
+  /** The owner's GPU-hours left (hidden when no budget binds her, or it cannot be read). */
+  private async _refreshBudget(): Promise<void> {
+    const reply = await fetchBudget().catch(() => null);
+    showBudget(this._budget.node, reply);
   }
 
   private _renderShare(): void {
@@ -139,6 +153,7 @@ export class GpuMonitorPanel extends Panel {
   }
 
   private readonly _share: Widget;
+  private readonly _budget: Widget;
   private readonly _devices: Panel;
   private _views: DeviceView[] = [];
 }
