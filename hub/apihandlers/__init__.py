@@ -1,6 +1,7 @@
 """gpulab's REST endpoints under /hub/api/gpulab/, one module per resource (as
 `jupyterhub.apihandlers`): capacity, allocations, workspace snapshots (with restore and clone)
-GPU jobs, Dask clusters, GPU-hours and the GPU admin panel's overview and bulk actions.
+GPU jobs, Dask clusters, GPU-hours, the GPU admin panel's overview and bulk actions, and GPU-aware
+culling (servers' activity reports, "Switch to CPU", the admin's view of decisions).
 
 `default_handlers` is every route, relative to the hub's prefix; `gpulab.hub.config.apply(c)`
 registers them (with the pages of `gpulab.hub.handlers`) as `c.JupyterHub.extra_handlers`.
@@ -10,7 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulab.hub.apihandlers import admin, allocations, capacity, dask, jobs, snapshots, usage
+from gpulab.hub.apihandlers import (
+    admin,
+    allocations,
+    capacity,
+    culling,
+    dask,
+    jobs,
+    snapshots,
+    usage,
+)
 
 default_handlers: list[tuple[str, type[Any]]] = [
     *capacity.default_handlers,
@@ -20,4 +30,5 @@ default_handlers: list[tuple[str, type[Any]]] = [
     *dask.default_handlers,
     *usage.default_handlers,
     *admin.default_handlers,
+    *culling.default_handlers,
 ]
