@@ -21,7 +21,10 @@ CHECK_INTERVAL_SECONDS = 1.0
 
 
 def culling_policy(
-    dry_run: bool = False, action: str = "stop", ui_idle_seconds: int = UI_IDLE_SECONDS
+    dry_run: bool = False,
+    action: str = "stop",
+    ui_idle_seconds: int = UI_IDLE_SECONDS,
+    warn_seconds: int = WARN_SECONDS,
 ) -> dict[str, Any]:
     return {
         "dry_run": dry_run,
@@ -29,7 +32,7 @@ def culling_policy(
         "default": {
             "ui_idle_seconds": ui_idle_seconds,
             "gpu_idle_seconds": GPU_IDLE_SECONDS,
-            "warn_seconds": WARN_SECONDS,
+            "warn_seconds": warn_seconds,
             "keep_alive_seconds": 600,
             "action": action,
         },
