@@ -257,3 +257,38 @@ def test_a_server_moved_to_cpu_comes_back_on_the_cpu_profile(
     assert not any(a["owner"] == "idle" and a["gpus"] for a in hub.allocations().values())
     (cull,) = [d for d in culling(hub)["recent_actions"] if d["verdict"] == "cull"]
     assert cull["effect"] == "downsize" and "restart it on CPU only" in cull["reason"]
+
+
+def test_a_servers_token_reports_for_its_owner_only(
+    make_hub: Any, tmp_path: Path, figures_dir: Path
+) -> None:
+    hub = make_culling_hub(make_hub, tmp_path, figures_dir, culling_policy(dry_run=True))
+    for user in ("alice", "bob"):
+        hub.create_user(user)
+        hub.start_server(user, profile=PROFILE)
+    token = hub.server_env("bob")["JUPYTERHUB_API_TOKEN"]
+    bob = httpx.Client(
+        base_url=f"{hub.url}/hub/api/gpulab",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    # bob's server cannot keep alice's alive, nor move it
+    r = bob.post("/users/alice/activity", json={"busy_kernels": 5, "keep_alive": True})
+    assert r.status_code == 404, r.text  # JupyterHub's answer for a filter that does not match
+    assert bob.post("/users/alice/switch-to-cpu").status_code == 404
+    # for itself it may, and hears how often to report
+    r = bob.post("/users/bob/activity", json={"busy_kernels": 1})
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "culling": True,
+        "report_interval_seconds": 1.0,
+        "warning": None,
+        "keep_alive_until": None,
+    }
+    r = bob.post("/users/bob/activity", json={"busy_kernels": -1})
+    assert r.status_code == 400 and r.json()["message"].startswith("busy_kernels: expected a count")
+    r = bob.post("/users/bob/servers/nope/activity", json={})
+    assert r.status_code == 404 and "bob has no running server 'nope'" in r.json()["message"]
+    # alice's own report was never replaced by bob's
+    d = wait_for("a decision on alice", lambda: decision_of(hub, "alice"), 30, 0.5)
+    assert "busy-kernels" not in d["causes"] and "keep-alive" not in d["causes"]
