@@ -47,6 +47,8 @@ from traitlets.utils.importstring import import_item
 
 from gpulab.hub import apihandlers, handlers
 from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.culling import CullConfigError
+from gpulab.hub.cullservice import GPUCuller
 from gpulab.hub.daskservice.hub import GPUDask, post_stop_hook
 from gpulab.hub.handlers.servers import server_handler_overrides
 from gpulab.hub.inventory import InventoryError
@@ -122,14 +124,19 @@ class GPULabHubHooks(Authenticator):
         GPUJobs.instance(config=self.config, log=self.log).attach_to_hub(app)
         GPUDask.instance(config=self.config, log=self.log).attach_to_hub(app)
         GPULedger.instance(config=self.config, log=self.log).attach_to_hub(app)
+        GPUCuller.instance(config=self.config, log=self.log).attach_to_hub(app)
 
     def check_gpu_configuration(self) -> None:
         """Load the GPU inventory, catalog and quotas at hub start, so that a configuration
         mistake stops the hub with a message naming the option instead of failing the first
         spawn."""
         try:
-            GPUCapacity.instance(config=self.config, log=self.log)
-        except (ProfileError, InventoryError, TraitError, ValueError) as e:
+            capacity = GPUCapacity.instance(config=self.config, log=self.log)
+            # the culling policy names profiles: checked against this catalog
+            culler = GPUCuller.instance(config=self.config, log=self.log)
+            if culler.enabled:
+                culler.load_policy([p.slug for p in capacity.catalog])
+        except (ProfileError, InventoryError, TraitError, CullConfigError, ValueError) as e:
             self.log.critical("gpulab configuration error: %s", e)
             raise SystemExit(1) from None
 

@@ -208,3 +208,15 @@ METRICS_CONFIG_ENV = "GPULAB_METRICS_CONFIG"
 #: the GPU-hour ledger's database URL, for the gpulab-metrics service (a hub-side process; never
 #: in a server's environment: it may hold the database's password)
 LEDGER_DB_URL_ENV = "GPULAB_LEDGER_DB_URL"
+
+# --- Culling: a server's activity report -> the hub's GPUCuller ------------------------------------
+# The server extension (jupyterlab_gpulab/culling.py) reports its users' real input and its kernels'
+# execution states; the hub (gpulab.hub.apihandlers.culling) answers with the warning to show.
+
+#: POST <JUPYTERHUB_API_URL>/gpulab/users/<user>/servers/<server>/<ACTIVITY_REPORT_PATH>: the
+#: report, with the server's own $JUPYTERHUB_API_TOKEN (users:activity on its owner).
+ACTIVITY_REPORT_PATH = "activity"
+#: POST .../servers/<server>/<SWITCH_TO_CPU_PATH>: restart the server on the CPU-only profile now.
+SWITCH_TO_CPU_PATH = "switch-to-cpu"
+#: Seconds between two reports until the hub's first answer names its own cadence.
+DEFAULT_ACTIVITY_REPORT_INTERVAL_SECONDS = 15.0

@@ -27,6 +27,7 @@ from gpulab.hub.allocator import Inventory, Placement
 from gpulab.hub.allocator.model import MILLI
 from gpulab.hub.apihandlers.base import GPULabAPIHandler
 from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.cullservice import GPUCuller
 from gpulab.hub.dask import parse_allocation_id
 from gpulab.hub.jobservice.hub import GPUJobs
 from gpulab.hub.jobservice.service import run_id_of
@@ -321,6 +322,7 @@ class AdminOverviewAPIHandler(_AdminHandler):
         gpus = _gpus_by_uuid(capacity.inventory)
         now = datetime.now(timezone.utc).replace(tzinfo=None)  # JupyterHub stores naive UTC
         live = await live_figures(self)
+        culler = GPUCuller.instance(config=self.settings["config"], log=self.log)
         owner_filter = self.get_argument("owner", "")
         kind_filter = self.get_argument("kind", "")
         workloads = []
@@ -334,7 +336,10 @@ class AdminOverviewAPIHandler(_AdminHandler):
             record = self.server_record(*held) if kind == SERVER and held else None
             figures = live.get((record.owner, record.name), {}) if record is not None else {}
             events = capacity.events_for(placement.request.id)
-            workloads.append(describe_workload(placement, kind, gpus, record, now, events, figures))
+            row = describe_workload(placement, kind, gpus, record, now, events, figures)
+            if record is not None:  # GPU-aware culling's latest decision for this server
+                row["culling"] = culler.decision_json(record.owner, record.name)
+            workloads.append(row)
         self.write(
             {
                 "generated_at": _iso(datetime.now(timezone.utc).timestamp()),

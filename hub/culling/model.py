@@ -68,11 +68,17 @@ class CullRule:
 
     @classmethod
     def from_dict(
-        cls, data: Mapping[str, Any], *, base: CullRule | None = None, where: str = ""
+        cls,
+        data: Mapping[str, Any],
+        *,
+        base: CullRule | None = None,
+        where: str = "",
+        min_idle_seconds: int = MIN_IDLE_SECONDS,
     ) -> CullRule:
         """A rule from a (partial) dict merged over ``base`` (the built-in defaults when None).
 
-        ``where`` prefixes the field names in errors (e.g. ``profiles.gpu-full``)."""
+        ``where`` prefixes the field names in errors (e.g. ``profiles.gpu-full``);
+        ``min_idle_seconds``: the shortest T, T_gpu and keep-alive accepted."""
         prefix = f"{where}." if where else ""
         if not isinstance(data, Mapping):
             raise CullConfigError(
@@ -102,7 +108,7 @@ class CullRule:
                 changes[key] = value
             else:
                 # a warning of 0 s is allowed: the server is still warned, and culled at the next check
-                minimum = 0 if key == "warn_seconds" else MIN_IDLE_SECONDS
+                minimum = 0 if key == "warn_seconds" else min_idle_seconds
                 changes[key] = _parse_seconds(name, value, minimum)
         return replace(rule, **changes)
 
@@ -130,21 +136,29 @@ class CullPolicy:
 
     @classmethod
     def from_config(
-        cls, config: Mapping[str, Any], *, known_profiles: Iterable[str] | None = None
+        cls,
+        config: Mapping[str, Any],
+        *,
+        known_profiles: Iterable[str] | None = None,
+        min_idle_seconds: int = MIN_IDLE_SECONDS,
     ) -> CullPolicy:
         """Parse ``{"dry_run": ..., "stale_sample_seconds": ..., "default": {...},
         "profiles": {slug: {...partial rule...}}}``; every key is optional.
 
         Each profile's dict is merged over the (parsed) default rule. With ``known_profiles``,
         overrides for a slug the catalog does not have are refused (a typo would silently apply
-        the default rule instead)."""
+        the default rule instead). ``min_idle_seconds`` lowers the floor of T and T_gpu (a
+        demo's or a test's seconds-long rules); the default refuses anything under a minute."""
         if not isinstance(config, Mapping):
             raise CullConfigError("culling", f"expected a mapping, got {config!r}")
         allowed = ("default", "dry_run", "profiles", "stale_sample_seconds")
         for key in config:
             if key not in allowed:
                 raise CullConfigError(str(key), f"no such setting; known: {', '.join(allowed)}")
-        default = CullRule.from_dict(config.get("default") or {}, where="default")
+        floor = min_idle_seconds
+        default = CullRule.from_dict(
+            config.get("default") or {}, where="default", min_idle_seconds=floor
+        )
         raw_profiles = config.get("profiles") or {}
         if not isinstance(raw_profiles, Mapping):
             raise CullConfigError(
@@ -159,7 +173,9 @@ class CullPolicy:
             if known is not None and slug not in known:
                 listed = ", ".join(sorted(known)) or "none"
                 raise CullConfigError(where, f"no profile {slug!r} in the catalog; known: {listed}")
-            profiles[slug] = CullRule.from_dict(partial, base=default, where=where)
+            profiles[slug] = CullRule.from_dict(
+                partial, base=default, where=where, min_idle_seconds=floor
+            )
         dry_run = config.get("dry_run", True)
         if not isinstance(dry_run, bool):
             raise CullConfigError("dry_run", f"expected true or false, got {dry_run!r}")

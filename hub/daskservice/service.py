@@ -156,6 +156,10 @@ class _Tracked:
     fewer_wanted: int = 0
     #: why the scheduler of a pending cluster waits
     reason: str = NOT_YET_CONSIDERED
+    #: the scheduler's latest tasks (processing, queued, waiting) and the server the cluster came
+    #: from (owner, server name): GPU-aware culling spares a server whose clusters have work
+    scheduler_tasks: int = 0
+    origin: tuple[str, str] | None = None
 
 
 class DaskService:
@@ -668,6 +672,7 @@ class DaskService:
         while True:
             cluster = await self._get(cluster_id)
             if cluster.state is not ClusterState.RUNNING or tracked.monitor is None:
+                tracked.scheduler_tasks = 0
                 return
             try:
                 view = await tracked.monitor.view()
@@ -679,6 +684,7 @@ class DaskService:
                     why = await self.executor.exit_reason(handle) if handle else ""
                     reason = f"the scheduler ended{': ' + why if why else ''}"
                     self._spawn(self.stop(cluster_id, reason, failed=True))
+                    tracked.scheduler_tasks = 0
                     return
                 if failures in (3, 30):
                     log.warning("Dask cluster %d: the scheduler does not answer: %s", cluster_id, e)
@@ -699,6 +705,7 @@ class DaskService:
             if handle is not None and not await self.executor.running(handle):
                 await self._worker_ended(cluster, worker, handle)
         now = self.clock()
+        tracked.scheduler_tasks, tracked.origin = view.tasks, (cluster.owner, cluster.spec.server)
         tracked.idle_since = next_idle_since(
             tracked.idle_since, Activity(now, view.tasks, view.clients)
         )
@@ -839,6 +846,11 @@ class DaskService:
         return tasks
 
     # -- preemption ----------------------------------------------------------------------------
+
+    def tasks_of(self, owner: str, server: str) -> int:
+        """Tasks not done (processing, queued, waiting) in the running clusters `owner` made
+        from `server`, as their schedulers last said (every `monitor_interval_seconds`)."""
+        return sum(t.scheduler_tasks for t in self._tracked.values() if t.origin == (owner, server))
 
     def owns_allocation(self, allocation: str) -> bool:
         """Whether `allocation` is a Dask worker's (schedulers are never preempted)."""

@@ -50,6 +50,7 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     from jupyter_server.utils import url_path_join
 
     from .budget import setup_budget_handlers
+    from .culling import setup_culling
     from .handlers import setup_handlers
     from .jobs_handlers import setup_job_handlers
     from .monitor import GPUMonitor
@@ -65,6 +66,8 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     setup_handlers(server_app.web_app, monitor)
     setup_job_handlers(server_app.web_app)
     setup_budget_handlers(server_app.web_app)
+    # GPU-aware culling: real input and busy kernels reported to the hub, its warnings shown
+    setup_culling(server_app.web_app, server_app.kernel_manager)
     try:  # Dask clusters in the lab: gpulab[dask] installs distributed and dask-labextension
         from .dask_lab import setup_dask_lab
     except ImportError as e:
@@ -86,6 +89,7 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
 
 async def _start_jupyter_server_extension(server_app: Any) -> None:
     server_app.web_app.settings["gpulab_monitor"].start()
+    server_app.web_app.settings["gpulab_culling"].start()
     manager = server_app.web_app.settings.get("gpulab_dask_manager")
     if manager is not None:
         from .dask_lab import start_dask_lab
