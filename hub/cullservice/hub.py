@@ -58,6 +58,7 @@ from gpulab.hub.culling import (
 from gpulab.hub.culling.model import MIN_IDLE_SECONDS
 from gpulab.hub.hub_service import hub_started
 from gpulab.hub.jobservice.service import run_id_of
+from gpulab.hub.ledger import CULLED
 from gpulab.hub.ledger.store import LiveFigure
 from gpulab.hub.profiles import Profile
 
@@ -431,6 +432,8 @@ class GPUCuller(SingletonConfigurable):
                     " stopping it instead",
                     label,
                 )
+            # the GPU-hour ledger records the share as culled, not as an ordinary release
+            capacity.note_end_reason(server.placement.request.id, CULLED)
             await stop_server(app, user, spawner.name)
             if cpu is not None:
                 await start_server(app, user, spawner.name, cpu.slug)
