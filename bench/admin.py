@@ -22,7 +22,13 @@ Phases, each against the real thing:
    action (until every server is gone and its share released), against the stock way: one
    DELETE /users/{name}/server per server, all at once (what the stock admin page's per-row
    stop does), until every server is gone.
-4. false culls: needs the culling service (`gpulab.hub.cullservice`); n/a while it is absent.
+4. false culls: the culling matrix of tests/hub/culling (tests/harness/culler.py) on a real hub
+   with the culler live and rules of seconds (T 30 s, T_gpu 2 s, W 4 s, a check a second), `--cull-
+   rounds` times: four servers that must be kept (a kernel busy all along, a running job, a
+   "Keep alive" click, keys typed every half second) and two it must cull (only the GPU panel
+   open and polling; nothing). false_culls counts kept-to-be servers stopped; missed culls and
+   each cull's delay after its warning are shown beside it. No stock anchor culls on GPU
+   idleness (jupyterhub-idle-culler reads activity only, and the open panel keeps it busy).
 
 Last line: `render_500_s=<x> bulk_stop_50_s=<x> ledger_error_pct=<x> false_culls=<n>`
 (targets: render <= 2 s, bulk stop <= 30 s, ledger error < 1 %, false culls 0).
@@ -407,6 +413,57 @@ def bulk_stop_phase(args: argparse.Namespace, root: Path, out: Results) -> None:
     out.bulk_stop_s = statistics.median(panel)
 
 
+def culling_phase(args: argparse.Namespace, root: Path, out: Results) -> None:
+    from tests.harness.culler import (
+        MATRIX_CULLED,
+        culling_policy,
+        make_culling_hub,
+        run_culling_matrix,
+    )
+
+    ui_idle = 30
+    false_culls = missed = 0
+    delays: list[float] = []
+    for round_ in range(args.cull_rounds):
+        shared = Path(tempfile.mkdtemp(prefix="gpulab-bench-cull-", dir=root))
+        shared.chmod(0o755)
+
+        def make_hub(
+            overlay: Config,
+            start: bool = True,
+            env: dict[str, str] | None = None,
+            shared: Path = shared,
+        ) -> Any:
+            # the culler reads the GPU figures gpulab-metrics gathers: the service runs here
+            hub = _hub(shared / "hub", overlay, env={**(env or {}), "GPULAB_METRICS_SERVICE": "1"})
+            if start:
+                hub.start()
+            return hub
+
+        policy = culling_policy(dry_run=False, ui_idle_seconds=ui_idle)
+        hub = make_culling_hub(make_hub, shared, shared, policy)
+        try:
+            outcome = asyncio.run(run_culling_matrix(hub, ui_idle))
+        finally:
+            hub.close()
+        false_culls += len(outcome.false_culls)
+        missed += len(set(MATRIX_CULLED) - set(outcome.culls))
+        delays += list(outcome.delays.values())
+        print(
+            f"  culling round {round_ + 1}: {outcome.false_culls or 'no'} false culls", flush=True
+        )
+    out.add(
+        f"culling matrix, {args.cull_rounds} round(s) x 4 kept + 2 idle servers",
+        f"false culls {false_culls}, missed culls {missed}",
+    )
+    if delays:
+        out.add(
+            "cull after its warning (s; W = 4, checks every 1 s), min / max",
+            f"{min(delays):.2f} / {max(delays):.2f}",
+        )
+    out.false_culls = false_culls
+
+
 def _fmt(value: float | int | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -424,7 +481,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--stop", type=int, default=50)
     parser.add_argument("--stop-rounds", type=int, default=1)
-    parser.add_argument("--skip", action="append", default=[], choices=["ledger", "render", "stop"])
+    parser.add_argument("--cull-rounds", type=int, default=1)
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=["ledger", "render", "stop", "culling"]
+    )
     args = parser.parse_args(argv)
     out = Results()
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-admin-") as tmp:
@@ -436,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
             render_phase(args, root, out)
         if "stop" not in args.skip:
             bulk_stop_phase(args, root, out)
+        if "culling" not in args.skip:
+            culling_phase(args, root, out)
     print()
     width = max(len(name) for name, _ in out.rows) if out.rows else 10
     print(f"{'measure':<{width}}  value")
