@@ -19,7 +19,9 @@ export const CSV_COLUMNS: [string, (w: Workload) => string | number | boolean | 
   ['ui_idle', w => duration(w.ui_idle_seconds)],
   ['gpu_idle', w => duration(w.gpu_idle_seconds)],
   ['utilization_percent', w => w.utilization],
-  ['memory_used_mib', w => w.memory_used_mib]
+  ['memory_used_mib', w => w.memory_used_mib],
+  ['culling', w => w.culling?.verdict ?? null],
+  ['culling_reason', w => w.culling?.reason ?? null]
 ];
 
 /** One field: quoted when it holds a comma, quote or line break (quotes doubled); text that a

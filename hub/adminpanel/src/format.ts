@@ -56,3 +56,15 @@ export function percent(value: number | null): string {
 export function mebibytes(value: number | null): string {
   return value === null ? '' : `${Math.round(value)} MiB`;
 }
+
+/** The culler's latest decision in a word or two: 'keep', 'warned (dry run)', 'culling' */
+export function cullingLabel(w: Workload): string {
+  const c = w.culling;
+  if (!c) {
+    return '';
+  }
+  const word = { keep: 'keep', exempt: 'exempt', warn: 'warned', wait: 'warned', cull: 'culling' }[
+    c.verdict
+  ];
+  return c.dry_run ? `${word} (dry run)` : word;
+}

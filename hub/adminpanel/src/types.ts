@@ -40,6 +40,16 @@ export interface Workload {
   utilization: number | null;
   memory_used_mib: number | null;
   live: unknown;
+  /** the GPU-aware culler's latest decision on a server (absent or null: not judged) */
+  culling?: CullingState | null;
+}
+
+export interface CullingState {
+  verdict: 'keep' | 'exempt' | 'warn' | 'wait' | 'cull';
+  reason: string;
+  /** seconds since the epoch when a warning runs out */
+  deadline: number | null;
+  dry_run: boolean;
 }
 
 export interface Share {

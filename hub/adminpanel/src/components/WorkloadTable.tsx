@@ -1,4 +1,4 @@
-import { duration, mebibytes, percent, placeLabel, shareLabel } from '../format';
+import { cullingLabel, duration, mebibytes, percent, placeLabel, shareLabel } from '../format';
 import type { Workload } from '../types';
 
 interface Props {
@@ -37,12 +37,13 @@ export function WorkloadTable({ workloads, selected, onToggle, onToggleAll }: Pr
             <th scope="col">GPU idle</th>
             <th scope="col">Utilisation</th>
             <th scope="col">Memory</th>
+            <th scope="col">Culling</th>
           </tr>
         </thead>
         <tbody>
           {workloads.length === 0 && (
             <tr>
-              <td colSpan={13} className="text-muted">
+              <td colSpan={14} className="text-muted">
                 No workload matches.
               </td>
             </tr>
@@ -78,6 +79,7 @@ export function WorkloadTable({ workloads, selected, onToggle, onToggleAll }: Pr
               <td>{duration(w.gpu_idle_seconds)}</td>
               <td>{percent(w.utilization)}</td>
               <td>{mebibytes(w.memory_used_mib)}</td>
+              <td title={w.culling?.reason ?? ''}>{cullingLabel(w)}</td>
             </tr>
           ))}
         </tbody>
