@@ -58,8 +58,9 @@ from gpulab.hub.culling import (
 from gpulab.hub.culling.model import MIN_IDLE_SECONDS
 from gpulab.hub.hub_service import hub_started
 from gpulab.hub.jobservice.service import run_id_of
-from gpulab.hub.ledger import CULLED
+from gpulab.hub.ledger import CULLED, tightest
 from gpulab.hub.ledger.store import LiveFigure
+from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.profiles import Profile
 
 from .metrics import CullDecisionsCollector, register_collector
@@ -497,7 +498,26 @@ class GPUCuller(SingletonConfigurable):
             "report_interval_seconds": self.report_interval_seconds,
             "warning": warning,
             "keep_alive_until": self.keep_alive_until.get(key) if kept else None,
+            "budget_notice": self.budget_notice(key[0]),
         }
+
+    def budget_notice(self, user_name: str) -> dict[str, str] | None:
+        """The user's tightest GPU-hour budget once it reaches its warning share (80 %) or runs
+        out, for JupyterLab to show (the same report's answer: her own budget only)."""
+        ledger = GPULedger.instance(config=self.config, log=self.log)
+        user = self._app.users.get(user_name) if self._app is not None else None
+        if ledger.store is None or user is None:
+            return None
+        groups = tuple(g.name for g in user.groups)
+        found = tightest(ledger.budgets_of(user_name, groups))
+        if found is None or found.state == "ok":
+            return None
+        if found.state == "exhausted":
+            message = f"GPU-hour budget used up: {found.describe()}. New GPU work is refused."
+        else:
+            share = f"{ledger.hour_quota_warn_percent:g} %"
+            message = f"GPU-hour budget past {share}: {found.describe()}."
+        return {"state": found.state, "message": message}
 
     async def switch_to_cpu(self, key: ServerKey) -> str:
         """The user's "Switch to CPU" (JupyterLab's warning): restart on the CPU-only profile

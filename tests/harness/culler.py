@@ -52,6 +52,7 @@ def make_culling_hub(
     policy: dict[str, Any],
     inventory: str = "2 x A100-SXM4-80GB",
     start: bool = True,
+    extra: Config | None = None,
 ) -> Hub:
     """A hub with simulated GPUs at 0 % (figures_dir/gpus.json; rewrite it to change them), its
     servers pushing GPU figures and activity every second, and the culler checking every
@@ -71,6 +72,8 @@ def make_culling_hub(
     overlay.GPUCuller.report_interval_seconds = 1.0
     overlay.GPUCuller.min_idle_seconds = 1
     overlay.JupyterHub.authenticate_prometheus = False
+    if extra is not None:
+        overlay.merge(extra)
     return make_hub(
         overlay,
         start=start,

@@ -75,6 +75,19 @@ class Outcome:
     statuses: Counter[int] = field(default_factory=Counter)
 
 
+def breaks_http_framing(case: schemathesis.Case) -> bool:
+    """Whether a generated header makes the request malformed HTTP (a Content-Length that is
+    no number, a Transfer-Encoding): tornado answers those with a bare 400 before any handler
+    runs, so they say nothing of gpulab's API or its description."""
+    for name, value in (case.headers or {}).items():
+        lowered = name.lower()
+        if lowered == "content-length" and not str(value).strip().isdigit():
+            return True
+        if lowered == "transfer-encoding":
+            return True
+    return False
+
+
 def fuzz(
     hub: Hub,
     token: str,
@@ -116,6 +129,8 @@ def fuzz(
             if response.status_code >= 500:
                 outcome.server_errors.append(f"{request}\n  {response.text[:300]}")
                 return
+            if response.status_code == 400 and breaks_http_framing(case):
+                return  # the HTTP server's own bare 400, before any handler of gpulab's
             try:
                 case.validate_response(response, checks=CONFORMANCE, headers=headers)
             except (FailureGroup, AssertionError) as e:

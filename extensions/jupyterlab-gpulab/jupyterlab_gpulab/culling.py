@@ -173,6 +173,8 @@ class ActivityReporter:
             "reporting": bool(self.base),
             "culling": bool(self.answer.get("culling", False)),
             "warning": self.warning(),
+            # the hub's word on the user's GPU-hour budget (past its warning share, or used up)
+            "budget_notice": self.answer.get("budget_notice") or None,
             "poll_seconds": self.interval,
             "last_input_seconds_ago": None if latest is None else round(now - latest, 3),
             "error": self.error or None,

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from traitlets.config import Config
 
 from tests.harness.culler import (
     CHECK_INTERVAL_SECONDS,
@@ -187,3 +188,27 @@ def test_a_servers_token_reports_for_its_owner_only(
     # alice's own report was never replaced by bob's
     d = wait_for("a decision on alice", lambda: decision_of(hub, "alice"), 30, 0.5)
     assert "busy-kernels" not in d["causes"] and "keep-alive" not in d["causes"]
+
+
+def test_jupyterlab_hears_of_her_gpu_hour_budget_past_its_warning_share_and_no_one_elses(
+    make_hub: Any, tmp_path: Path, shared_dir: Path
+) -> None:
+    extra = Config()
+    extra.GPULedger.hour_quota_users = {"alice": "1/900"}  # 4 s of a whole GPU
+    extra.GPULedger.budget_check_interval_seconds = 1
+    extra.GPULedger.reconcile_interval_seconds = 1
+    hub = make_culling_hub(
+        make_hub, tmp_path, shared_dir, culling_policy(dry_run=True), extra=extra
+    )
+    for user in ("alice", "bob"):
+        hub.create_user(user)
+        hub.start_server(user, profile="gpu-1")
+
+    def notice() -> dict[str, Any] | None:
+        state = lab(hub, "alice").get("gpulab/culling").json()
+        return state["budget_notice"]
+
+    seen = wait_for("alice's budget notice in her lab", notice, 60, 0.5)
+    assert seen["state"] in ("warn", "exhausted")
+    assert seen["message"].startswith("GPU-hour budget") and "alice:" in seen["message"]
+    assert lab(hub, "bob").get("gpulab/culling").json()["budget_notice"] is None

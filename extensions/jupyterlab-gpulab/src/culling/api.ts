@@ -19,10 +19,17 @@ export interface ICullWarning {
   switch_to_cpu: string | null;
 }
 
+/** The user's GPU-hour budget past its warning share, or used up (the hub's sentence). */
+export interface IBudgetNotice {
+  state: 'warn' | 'exhausted';
+  message: string;
+}
+
 export interface ICullingState {
   reporting: boolean;
   culling: boolean;
   warning: ICullWarning | null;
+  budget_notice: IBudgetNotice | null;
   poll_seconds: number;
   last_input_seconds_ago: number | null;
 }

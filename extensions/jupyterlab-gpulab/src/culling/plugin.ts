@@ -9,7 +9,7 @@
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { Notification } from '@jupyterlab/apputils';
-import { CullingAPI, ICullWarning, InputKind } from './api';
+import { CullingAPI, IBudgetNotice, ICullWarning, InputKind } from './api';
 
 /** At most one report of each kind this often: input is kept to the second, not per key. */
 const INPUT_THROTTLE_MS = 2000;
@@ -133,6 +133,27 @@ export const cullingPlugin: JupyterFrontEndPlugin<void> = {
       }
     };
 
+    // the GPU-hour budget's notice: shown once per state (past 80 %, used up), gone when the
+    // window frees hours again
+    let budgetNotice: { id: string; state: string } | null = null;
+    const showBudget = (notice: IBudgetNotice | null) => {
+      if (notice === null) {
+        if (budgetNotice !== null) {
+          Notification.dismiss(budgetNotice.id);
+          budgetNotice = null;
+        }
+        return;
+      }
+      if (budgetNotice?.state === notice.state) {
+        return;
+      }
+      if (budgetNotice !== null) {
+        Notification.dismiss(budgetNotice.id);
+      }
+      const show = notice.state === 'exhausted' ? Notification.error : Notification.warning;
+      budgetNotice = { id: show(notice.message, { autoClose: false }), state: notice.state };
+    };
+
     const poll = async () => {
       let next = MAX_POLL_MS / 4;
       try {
@@ -143,6 +164,7 @@ export const cullingPlugin: JupyterFrontEndPlugin<void> = {
         } else {
           withdraw();
         }
+        showBudget(state.budget_notice);
         if (!state.reporting) {
           return; // not under a hub: nothing will ever warn
         }
