@@ -24,8 +24,9 @@ Phases, each against the real thing:
    stop does), until every server is gone.
 4. false culls: the culling matrix of tests/hub/culling (tests/harness/culler.py) on a real hub
    with the culler live and rules of seconds (T 30 s, T_gpu 2 s, W 4 s, a check a second), `--cull-
-   rounds` times: four servers that must be kept (a kernel busy all along, a running job, a
-   "Keep alive" click, keys typed every half second) and two it must cull (only the GPU panel
+   rounds` times: five servers that must be kept (a kernel busy all along, a running job, a Dask
+   task running all along, a "Keep alive" click, keys typed every half second) and two it must
+   cull (only the GPU panel
    open and polling; nothing). false_culls counts kept-to-be servers stopped; missed culls and
    each cull's delay after its warning are shown beside it. No stock anchor culls on GPU
    idleness (jupyterhub-idle-culler reads activity only, and the open panel keeps it busy).
@@ -453,7 +454,7 @@ def culling_phase(args: argparse.Namespace, root: Path, out: Results) -> None:
             f"  culling round {round_ + 1}: {outcome.false_culls or 'no'} false culls", flush=True
         )
     out.add(
-        f"culling matrix, {args.cull_rounds} round(s) x 4 kept + 2 idle servers",
+        f"culling matrix, {args.cull_rounds} round(s) x 5 kept + 2 idle servers",
         f"false culls {false_culls}, missed culls {missed}",
     )
     if delays:

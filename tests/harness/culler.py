@@ -110,9 +110,22 @@ def lab(hub: Hub, user: str) -> httpx.Client:
 
 
 #: the culling matrix's servers: each exempt one for its own reason, and two the culler must end
-MATRIX_EXEMPT = ("busy", "jobber", "keeper", "typist")
+MATRIX_EXEMPT = ("busy", "jobber", "dasker", "keeper", "typist")
 MATRIX_CULLED = ("panel", "idle")
 MATRIX_PROFILE = "gpu-eighth"
+
+
+#: the cell that gives "dasker" active Dask work: a cluster of one worker, a ten-minute task
+DASK_WORK = """
+import time
+from distributed import Client
+from gpulab.dask import GPUCluster
+cluster = GPUCluster(profile="{profile}", n_workers=1, name="work")
+client = Client(cluster)
+client.wait_for_workers(1, timeout=180)
+task = client.submit(time.sleep, 600, pure=False)
+print("SUBMITTED", task.key)
+"""
 
 
 @dataclass
@@ -138,8 +151,9 @@ def _culled(hub: Hub, user: str) -> bool:
 
 
 async def run_culling_matrix(hub: Hub, ui_idle_seconds: float) -> MatrixOutcome:
-    """Six real servers on `hub` (make_culling_hub's, with T = `ui_idle_seconds`): a kernel busy
-    all along (busy), a job run of the owner's all along (jobber), "Keep alive" clicked (keeper),
+    """Seven real servers on `hub` (make_culling_hub's, with T = `ui_idle_seconds`): a kernel busy
+    all along (busy), a job run of the owner's all along (jobber), a Dask cluster made from the
+    server with a task running all along (dasker), "Keep alive" clicked (keeper),
     real keys reported every half second (typist), only the GPU panel open and polling (panel),
     and nothing (idle). Runs until both culled-to-be servers are gone, at least T + W + 10 s
     after the last start, and says what happened (no assertion beyond the harness's own)."""
@@ -174,6 +188,18 @@ async def run_culling_matrix(hub: Hub, ui_idle_seconds: float) -> MatrixOutcome:
     )
     assert r.status_code == 201, r.text
     until(jobber, f"/users/jobber/jobs/{r.json()['id']}", "running")
+
+    # a Dask cluster made from the server's kernel, a task running on it all along (the kernel
+    # itself goes idle once the cell has submitted it)
+    hub.start_server("dasker", profile=profile)
+    submitted = await run_in_kernel(hub, "dasker", DASK_WORK.format(profile=profile), timeout=300)
+    assert "SUBMITTED" in submitted, submitted
+
+    async def dask_busy() -> bool:
+        d = decision_of(hub, "dasker")
+        return bool(d and "dask-work" in d["causes"])
+
+    await wait_for_async("dasker's Dask task counted", dask_busy, 60, 0.5)
 
     # "Keep alive" clicked once
     hub.start_server("keeper", profile=profile)

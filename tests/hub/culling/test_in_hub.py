@@ -3,8 +3,8 @@ their simulated GPU figures (0 % unless a test changes them), and the hub's cull
 with rules of seconds (tests/harness/culler.py: T = 15 s (45 s in the matrix), T_gpu = 2 s,
 W = 4 s, a check a second).
 
-The matrix: no exempt server is ever culled (a busy kernel, a running job, real UI input, a
-keep-alive click), while an idle one and one with only its GPU panel open are."""
+The matrix: no exempt server is ever culled (a busy kernel, a running job, active Dask work,
+real UI input, a keep-alive click), while an idle one and one with only its GPU panel open are."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ async def test_only_idle_servers_are_culled_and_never_an_exempt_one(
     assert exempt["busy"]["verdict"] == "exempt" and "busy-kernels" in exempt["busy"]["causes"]
     assert exempt["jobber"]["verdict"] == "exempt"
     assert "running-jobs" in exempt["jobber"]["causes"]
+    assert exempt["dasker"]["verdict"] == "exempt" and "dask-work" in exempt["dasker"]["causes"]
     assert exempt["keeper"]["verdict"] == "exempt" and exempt["keeper"]["causes"][0] == "keep-alive"
     assert exempt["typist"]["verdict"] == "keep" and exempt["typist"]["causes"] == ["ui-input"]
     assert set(MATRIX_CULLED) <= set(outcome.warned_at)
@@ -180,6 +181,7 @@ def test_a_servers_token_reports_for_its_owner_only(
         "report_interval_seconds": 1.0,
         "warning": None,
         "keep_alive_until": None,
+        "budget_notice": None,  # no GPU-hour budget binds bob
     }
     r = bob.post("/users/bob/activity", json={"busy_kernels": -1})
     assert r.status_code == 400 and r.json()["message"].startswith("busy_kernels: expected a count")
