@@ -115,15 +115,18 @@ MATRIX_CULLED = ("panel", "idle")
 MATRIX_PROFILE = "gpu-eighth"
 
 
-#: the cell that gives "dasker" active Dask work: a cluster of one worker, a ten-minute task
+#: the cell that gives "dasker" active Dask work: a cluster of one worker, a ten-minute task that
+#: runs on after the cell's kernel is gone (fire_and_forget: run_in_kernel's kernel is deleted
+#: when the cell is done, and its client's futures with it)
 DASK_WORK = """
 import time
-from distributed import Client
+from distributed import Client, fire_and_forget
 from gpulab.dask import GPUCluster
 cluster = GPUCluster(profile="{profile}", n_workers=1, name="work")
 client = Client(cluster)
 client.wait_for_workers(1, timeout=180)
 task = client.submit(time.sleep, 600, pure=False)
+fire_and_forget(task)
 print("SUBMITTED", task.key)
 """
 
