@@ -62,8 +62,9 @@ from gpulab.hub.ledger import CULLED, tightest
 from gpulab.hub.ledger.store import LiveFigure
 from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.profiles import Profile
+from gpulab.hub.prometheus import register_collector
 
-from .metrics import CullDecisionsCollector, register_collector
+from .metrics import CullDecisionsCollector
 from .reports import ServerReport
 
 ServerKey = tuple[str, str]  # (user, server name)
@@ -194,7 +195,7 @@ class GPUCuller(SingletonConfigurable):
         if self.parsed is None:
             self.load_policy([p.slug for p in capacity.catalog])
         self._app, self._capacity = app, capacity
-        register_collector(self.collector)
+        register_collector("culling", self.collector)
         self._task = asyncio.ensure_future(self._run(app, capacity))
 
     async def close(self) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -34,16 +33,3 @@ class CullDecisionsCollector(Collector):
         for labels, n in sorted(self.counts.items()):
             family.add_metric(list(labels), n)
         yield family
-
-
-_registered: list[Collector] = []
-
-
-def register_collector(collector: Collector) -> None:
-    """Register `collector` in place of one registered before (a hub made twice in a process:
-    tests), since a registry refuses a second collector of the same names."""
-    for old in _registered:
-        REGISTRY.unregister(old)
-    _registered.clear()
-    REGISTRY.register(collector)
-    _registered.append(collector)

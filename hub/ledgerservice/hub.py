@@ -32,8 +32,9 @@ from gpulab.hub.ledger import BUDGET, Budget, HourQuota, HourQuotaError, budgets
 from gpulab.hub.ledger.feed import LedgerFeed
 from gpulab.hub.ledger.quota import EXHAUSTED, WARN, allocated_milli_seconds
 from gpulab.hub.ledger.store import LedgerStore
+from gpulab.hub.prometheus import register_collector
 
-from .metrics import LedgerCollector, register_collector
+from .metrics import LedgerCollector
 
 log = logging.getLogger("gpulab.ledger")
 
@@ -162,7 +163,7 @@ class GPULedger(SingletonConfigurable):
         capacity.add_allocator_listener(self.feed.listener)
         capacity.hour_budget_check = self.launch_refusal
         capacity.hour_budget_standing = self.standing
-        register_collector(self.collector)
+        register_collector("ledger", self.collector)
         self._task = asyncio.ensure_future(self._run(capacity, started, app))
 
     async def close(self) -> None:

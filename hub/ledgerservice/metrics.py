@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -64,16 +63,3 @@ class LedgerCollector(Collector):
                 if b.scope == "group":
                     remaining.add_metric(["group", name], b.remaining_gpu_hours)
         yield remaining
-
-
-_registered: list[Collector] = []
-
-
-def register_collector(collector: Collector) -> None:
-    """Register `collector` in place of one registered before (a hub made twice in a process:
-    tests), since a registry refuses a second collector of the same names."""
-    for old in _registered:
-        REGISTRY.unregister(old)
-    _registered.clear()
-    REGISTRY.register(collector)
-    _registered.append(collector)

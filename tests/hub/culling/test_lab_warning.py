@@ -3,14 +3,9 @@ server is culled, and its "Keep alive" keeps the server."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.harness.browser import log_in_as_admin
 from tests.harness.culler import (
@@ -26,21 +21,11 @@ from tests.harness.wait import wait_for
 WARN_SECONDS = 45
 
 
-@pytest.fixture
-def figures_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gpulab-culling-lab-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def test_the_warning_shows_in_jupyterlab_and_keep_alive_keeps_the_server(
-    make_hub: Any, page: Any, tmp_path: Path, figures_dir: Path
+    make_hub: Any, page: Any, tmp_path: Path, shared_dir: Path
 ) -> None:
     policy = culling_policy(dry_run=False, warn_seconds=WARN_SECONDS)
-    hub = make_culling_hub(make_hub, tmp_path, figures_dir, policy)
+    hub = make_culling_hub(make_hub, tmp_path, shared_dir, policy)
     log_in_as_admin(page, hub)
     page.check("#profile-gpu-quarter")
     page.click("form button[type=submit], form input[type=submit]")
