@@ -319,6 +319,7 @@ def render_phase(args: argparse.Namespace, root: Path, out: Results) -> None:
                 browser.close()
     finally:
         hub.close()
+        hub.cleanup()  # its accounts and every process of theirs (job runs, Dask clusters)
     out.add(
         f"overview REST, {n} workloads (s, p50 / p95)",
         f"{statistics.median(api_s):.3f} / {percentile(api_s, 0.95):.3f}",
@@ -408,6 +409,7 @@ def bulk_stop_phase(args: argparse.Namespace, root: Path, out: Results) -> None:
         assert r.status_code == 200, r.text
     finally:
         hub.close()
+        hub.cleanup()  # its accounts and every process of theirs (job runs, Dask clusters)
     out.add(f"bulk stop of {n} servers, panel action (s, p50)", f"{statistics.median(panel):.2f}")
     out.add(f"stop of {n} servers, stock DELETE each (s, p50)", f"{statistics.median(stock):.2f}")
     out.add("ratio panel / stock", f"{statistics.median(panel) / statistics.median(stock):.2f}")
@@ -447,6 +449,7 @@ def culling_phase(args: argparse.Namespace, root: Path, out: Results) -> None:
             outcome = asyncio.run(run_culling_matrix(hub, ui_idle))
         finally:
             hub.close()
+            hub.cleanup()  # its accounts and every process of theirs (job runs, Dask clusters)
         false_culls += len(outcome.false_culls)
         missed += len(set(MATRIX_CULLED) - set(outcome.culls))
         delays += list(outcome.delays.values())
