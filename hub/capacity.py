@@ -619,8 +619,8 @@ class GPUCapacity(SingletonConfigurable):
         self._end_reasons[allocation_id] = reason
 
     async def release(self, allocation_id: str, reason: str | None = None) -> Placement | None:
-        why = reason or self._end_reasons.pop(allocation_id, "released")
-        self._end_reasons.pop(allocation_id, None)
+        noted = self._end_reasons.pop(allocation_id, None)
+        why = reason or noted or "released"
         placement = await asyncio.to_thread(self.allocator.release, allocation_id, why)
         if placement is not None and self._release_event is not None:
             event, self._release_event = self._release_event, None

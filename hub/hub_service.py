@@ -1,5 +1,6 @@
-"""What the hub's in-process services (GPU jobs, Dask clusters) share: starting once the hub has,
-answering "has it started?" with a bounded wait, and an admission loop woken on demand."""
+"""What the hub's in-process services (GPU jobs, Dask clusters, the ledger, the culler) share:
+starting once the hub has, answering "has it started?" with a bounded wait, an admission loop
+woken on demand, and stopping a server without a request."""
 
 from __future__ import annotations
 
@@ -42,3 +43,15 @@ async def admission_loop(
             log.exception("%s admission pass failed; trying again", what)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), interval_seconds)
+
+
+async def stop_server(app: Any, user: Any, name: str) -> None:
+    """Stop a server as JupyterHub's API does (`BaseHandler.stop_single_user`): off the proxy,
+    then `user.stop`, which runs the spawner's stop and post-stop hook."""
+    spawner = user.spawners[name]
+    spawner._stop_pending = True  # before anything async, as JupyterHub does: no race with a start
+    try:
+        await app.proxy.delete_user(user, name)
+    finally:
+        spawner._stop_pending = False
+    await user.stop(name)

@@ -24,18 +24,15 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab.hub.apihandlers.base import GPULabAPIHandler
-from gpulab.hub.apihandlers.usage import iso
-from gpulab.hub.ledger import Budget, HourQuota, Interval, burn_down
-from gpulab.hub.ledger.quota import EXHAUSTED, OK, WARN, allocated_milli_seconds
-from gpulab.hub.ledger.rollup import SECONDS_PER_HOUR
-from gpulab.hub.ledgerservice import GPULedger
+from gpulab.hub.apihandlers.usage import iso, running_ledger
+from gpulab.hub.ledger import HourQuota, Interval, burn_down
+from gpulab.hub.ledger.quota import EXHAUSTED, OK, WARN, allocated_milli_seconds, every_budget
 from gpulab.hub.refusals import shown
 from gpulab.hub.scopes import ADMIN_READ
 
 STATES = (OK, WARN, EXHAUSTED)
 #: the burn-down's step: a point per day (a window shorter than a day still gets its two ends)
 BURN_DOWN_STEP_SECONDS = 86400
-MILLI_GPU_SECONDS_PER_GPU_HOUR = 1000 * SECONDS_PER_HOUR
 
 
 def counts_towards(interval: Interval, scope: str, name: str) -> bool:
@@ -45,26 +42,18 @@ def counts_towards(interval: Interval, scope: str, name: str) -> bool:
     return name in interval.holding.groups
 
 
-def every_budget(
+def budgets_with_burn_down(
     quota: HourQuota, intervals: Iterable[Interval], since: int, until: int
 ) -> list[dict[str, Any]]:
     """Each configured budget's standing and burn-down over [since, until]: users' first, then
     groups', each by name."""
     chosen = list(intervals)
     by_user, by_group = allocated_milli_seconds(chosen, since, until)
-    configured = [("user", name, limit, by_user) for name, limit in sorted(quota.users.items())]
-    configured += [("group", name, limit, by_group) for name, limit in sorted(quota.groups.items())]
     out = []
-    for scope, name, limit, spent in configured:
-        budget = Budget(
-            scope,
-            name,
-            float(limit),
-            spent.get(name, 0) / MILLI_GPU_SECONDS_PER_GPU_HOUR,
-            quota.warn_ratio,
-        )
+    for budget in every_budget(quota, by_user, by_group):
+        scope, name, limit = budget.scope, budget.name, budget.limit_gpu_hours
         counted = [i for i in chosen if counts_towards(i, scope, name)]
-        points = burn_down(counted, float(limit), since, until, BURN_DOWN_STEP_SECONDS)
+        points = burn_down(counted, limit, since, until, BURN_DOWN_STEP_SECONDS)
         out.append(
             {
                 **budget.to_json(),
@@ -95,11 +84,7 @@ class AdminBudgetsAPIHandler(GPULabAPIHandler):
     @needs_scope(ADMIN_READ, "admin:users")
     async def get(self) -> None:
         states = parse_states(self.get_argument("state", ""))
-        ledger = GPULedger.instance(config=self.settings["config"], log=self.log)
-        if ledger.store is None:
-            raise web.HTTPError(
-                501, ledger.unavailable or "the GPU-hour ledger has not started on this hub"
-            )
+        ledger = running_ledger(self)
         await ledger.flush()
         quota = ledger.quota
         until = int(time.time())
@@ -108,7 +93,9 @@ class AdminBudgetsAPIHandler(GPULabAPIHandler):
         if quota:
             intervals = await asyncio.to_thread(ledger.store.intervals, since, until)
             # one pass per budget over the window's intervals: off the event loop
-            budgets = await asyncio.to_thread(every_budget, quota, intervals, since, until)
+            budgets = await asyncio.to_thread(
+                budgets_with_burn_down, quota, intervals, since, until
+            )
         self.write(
             {
                 "generated_at": iso(until),

@@ -68,15 +68,17 @@ def iso(t: int) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class _UsageHandler(GPULabAPIHandler):
-    def ledger(self) -> GPULedger:
-        ledger = GPULedger.instance(config=self.settings["config"], log=self.log)
-        if ledger.store is None:
-            raise web.HTTPError(
-                501, ledger.unavailable or "the GPU-hour ledger has not started on this hub"
-            )
-        return ledger
+def running_ledger(handler: GPULabAPIHandler) -> GPULedger:
+    """The hub's GPU-hour ledger; 501 saying why when it does not run."""
+    ledger = GPULedger.instance(config=handler.settings["config"], log=handler.log)
+    if ledger.store is None:
+        raise web.HTTPError(
+            501, ledger.unavailable or "the GPU-hour ledger has not started on this hub"
+        )
+    return ledger
 
+
+class _UsageHandler(GPULabAPIHandler):
     def window(self) -> tuple[int, int, str, tuple[str, ...]]:
         now = int(time.time())
         until_arg = self.get_argument("until", "")
@@ -109,7 +111,7 @@ class _UsageHandler(GPULabAPIHandler):
         fmt = self.get_argument("format", "json")
         if fmt not in ("json", "csv"):
             raise web.HTTPError(400, f"format: expected json or csv, got {shown(fmt)}")
-        ledger = self.ledger()
+        ledger = running_ledger(self)
         await ledger.flush()
         store = ledger.store
         assert store is not None
@@ -185,7 +187,7 @@ class UserUsageAPIHandler(_UsageHandler):
         user = self.find_user(user_name)
         if user is None:
             raise web.HTTPError(404, f"no user {shown(user_name)}")
-        ledger = self.ledger()
+        ledger = running_ledger(self)
         groups = tuple(g.name for g in user.groups)
         budgets = [b.to_json() for b in ledger.budgets_of(user.name, groups)]
         extra = {"user": user.name, "budgets": budgets}

@@ -56,7 +56,7 @@ from gpulab.hub.culling import (
     summarize_round,
 )
 from gpulab.hub.culling.model import MIN_IDLE_SECONDS
-from gpulab.hub.hub_service import hub_started
+from gpulab.hub.hub_service import hub_started, stop_server
 from gpulab.hub.jobservice.service import run_id_of
 from gpulab.hub.ledger import CULLED, tightest
 from gpulab.hub.ledger.store import LiveFigure
@@ -550,18 +550,6 @@ class GPUCuller(SingletonConfigurable):
             "deadline": decision.deadline,
             "dry_run": decision.dry_run,
         }
-
-
-async def stop_server(app: Any, user: Any, name: str) -> None:
-    """Stop a server as JupyterHub's API does (`BaseHandler.stop_single_user`): off the proxy,
-    then `user.stop`, which runs the spawner's stop and post-stop hook."""
-    spawner = user.spawners[name]
-    spawner._stop_pending = True  # before anything async, as JupyterHub does: no race with a start
-    try:
-        await app.proxy.delete_user(user, name)
-    finally:
-        spawner._stop_pending = False
-    await user.stop(name)
 
 
 async def start_server(app: Any, user: Any, name: str, profile: str) -> None:

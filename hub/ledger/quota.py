@@ -135,6 +135,20 @@ def allocated_milli_seconds(
     return users, groups
 
 
+def every_budget(
+    quota: HourQuota, by_user: Mapping[str, int], by_group: Mapping[str, int]
+) -> list[Budget]:
+    """Every configured budget's standing (users' first, then groups', each by name), from the
+    window's milli-GPU-seconds per user and group (`allocated_milli_seconds`)."""
+    unit = MILLI * SECONDS_PER_HOUR
+    configured = [("user", n, limit, by_user) for n, limit in sorted(quota.users.items())]
+    configured += [("group", n, limit, by_group) for n, limit in sorted(quota.groups.items())]
+    return [
+        Budget(scope, name, float(limit), spent.get(name, 0) / unit, quota.warn_ratio)
+        for scope, name, limit, spent in configured
+    ]
+
+
 def budgets(
     quota: HourQuota,
     user: str,
@@ -144,26 +158,12 @@ def budgets(
 ) -> list[Budget]:
     """Every budget that binds `user` (hers, then her groups' in name order), from the window's
     milli-GPU-seconds per user and group (`allocated_milli_seconds`)."""
-    out = []
-    unit = MILLI * SECONDS_PER_HOUR
-    if user in quota.users:
-        out.append(
-            Budget(
-                "user",
-                user,
-                float(quota.users[user]),
-                by_user.get(user, 0) / unit,
-                quota.warn_ratio,
-            )
-        )
-    for g in sorted(set(groups)):
-        if g in quota.groups:
-            out.append(
-                Budget(
-                    "group", g, float(quota.groups[g]), by_group.get(g, 0) / unit, quota.warn_ratio
-                )
-            )
-    return out
+    binding = set(groups)
+    return [
+        b
+        for b in every_budget(quota, by_user, by_group)
+        if (b.scope == "user" and b.name == user) or (b.scope == "group" and b.name in binding)
+    ]
 
 
 def tightest(found: Iterable[Budget]) -> Budget | None:

@@ -27,7 +27,7 @@ from traitlets.config import SingletonConfigurable
 
 from gpulab.hub.allocator import Request
 from gpulab.hub.capacity import HOUR_BUDGET_REFUSAL, GPUCapacity, HourBudgetStanding
-from gpulab.hub.hub_service import hub_started
+from gpulab.hub.hub_service import hub_started, stop_server
 from gpulab.hub.ledger import BUDGET, Budget, HourQuota, HourQuotaError, budgets, tightest
 from gpulab.hub.ledger.feed import LedgerFeed
 from gpulab.hub.ledger.quota import EXHAUSTED, WARN, allocated_milli_seconds
@@ -308,6 +308,6 @@ class GPULedger(SingletonConfigurable):
                     log.warning("gpulab: stopping %s/%s: %s", user, name, reason)
                     capacity.note_end_reason(placement.request.id, BUDGET)
                     # in the background: a stop takes seconds, and the ledger's writes go on
-                    stop = asyncio.ensure_future(hub_user.stop(name))
+                    stop = asyncio.ensure_future(stop_server(app, hub_user, name))
                     self._stopping.add(stop)
                     stop.add_done_callback(self._stopping.discard)

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpulab.hub.ledger.quota import every_budget
 from gpulab.hub.ledger.store import LedgerStore
 
 MILLI_HOUR = 1000 * 3600
@@ -54,12 +55,7 @@ class LedgerCollector(Collector):
             "GPU-hours left in each GPU-hour budget's window.",
             labels=["scope", "name"],
         )
-        quota = self.ledger.quota
-        for name in sorted(quota.users):
-            for b in self.ledger.budgets_of(name, ()):
-                remaining.add_metric(["user", name], b.remaining_gpu_hours)
-        for name in sorted(quota.groups):
-            for b in self.ledger.budgets_of("", (name,)):
-                if b.scope == "group":
-                    remaining.add_metric(["group", name], b.remaining_gpu_hours)
+        ledger = self.ledger
+        for b in every_budget(ledger.quota, ledger.window_users, ledger.window_groups):
+            remaining.add_metric([b.scope, b.name], b.remaining_gpu_hours)
         yield remaining
