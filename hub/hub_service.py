@@ -45,13 +45,21 @@ async def admission_loop(
             await asyncio.wait_for(wake.wait(), interval_seconds)
 
 
-async def stop_server(app: Any, user: Any, name: str) -> None:
+async def stop_server(app: Any, user: Any, name: str) -> bool:
     """Stop a server as JupyterHub's API does (`BaseHandler.stop_single_user`): off the proxy,
-    then `user.stop`, which runs the spawner's stop and post-stop hook."""
+    then `user.stop`, which runs the spawner's stop and post-stop hook.
+
+    A server with a start (or stop) still pending is left alone and False returned: stopping
+    under JupyterHub's pending spawn makes the start's request fail with a 500 (its spawn future
+    has no result and no exception), and callers check again on their next round, by which time
+    the server is ready and stops cleanly."""
     spawner = user.spawners[name]
+    if spawner.pending:
+        return False
     spawner._stop_pending = True  # before anything async, as JupyterHub does: no race with a start
     try:
         await app.proxy.delete_user(user, name)
     finally:
         spawner._stop_pending = False
     await user.stop(name)
+    return True

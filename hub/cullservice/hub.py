@@ -436,7 +436,10 @@ class GPUCuller(SingletonConfigurable):
                 )
             # the GPU-hour ledger records the share as culled, not as an ordinary release
             capacity.note_end_reason(server.placement.request.id, CULLED)
-            await stop_server(app, user, spawner.name)
+            if not await stop_server(app, user, spawner.name):
+                capacity.forget_end_reason(server.placement.request.id)
+                self.log.info("gpulab culling: %s is starting or stopping; not culled", label)
+                return
             if cpu is not None:
                 await start_server(app, user, spawner.name, cpu.slug)
                 notice = f"Your idle GPU server was moved to {cpu.display_name} ({reason})."

@@ -260,7 +260,9 @@ class GPULedger(SingletonConfigurable):
 
     async def enforce(self, capacity: GPUCapacity, app: Any) -> None:
         """Warn holders past the warning share of a budget (once per budget and state), and
-        stop their GPU work when one is used up and `stop_when_exhausted` says so."""
+        stop their GPU work when one is used up and `stop_when_exhausted` says so: at every
+        check while it stays used up, since a server that was still starting at the first one
+        is left to the next (`stop_server`)."""
         if not self.quota:
             return
         holders: dict[str, frozenset[str]] = {}
@@ -270,19 +272,27 @@ class GPULedger(SingletonConfigurable):
         for user, groups in holders.items():
             for budget in self.budgets_of(user, groups):
                 key = (user, f"{budget.scope}:{budget.name}")
-                if budget.state not in (WARN, EXHAUSTED) or self._warned.get(key) == budget.state:
+                if budget.state not in (WARN, EXHAUSTED):
                     continue
-                self._warned[key] = budget.state
-                if budget.state == WARN:
-                    message = f"GPU-hour budget at {self.hour_quota_warn_percent:g} %: {budget.describe()}."
-                else:
-                    message = f"GPU-hour budget used up: {budget.describe()}."
-                    if self.stop_when_exhausted:
-                        message += " Your GPU servers, jobs and Dask workers are being stopped."
-                log.warning("gpulab: %s (%s)", message, user)
-                capacity.record_notice(user, message)
+                if self._warned.get(key) != budget.state:
+                    self._warned[key] = budget.state
+                    if budget.state == WARN:
+                        message = f"GPU-hour budget at {self.hour_quota_warn_percent:g} %: {budget.describe()}."
+                    else:
+                        message = f"GPU-hour budget used up: {budget.describe()}."
+                        if self.stop_when_exhausted:
+                            message += " Your GPU servers, jobs and Dask workers are being stopped."
+                    log.warning("gpulab: %s (%s)", message, user)
+                    capacity.record_notice(user, message)
                 if budget.state == EXHAUSTED and self.stop_when_exhausted:
                     await self._stop_gpu_work(capacity, app, user, budget)
+
+    @staticmethod
+    async def _stop_server(
+        capacity: GPUCapacity, app: Any, user: Any, name: str, allocation_id: str
+    ) -> None:
+        if not await stop_server(app, user, name):  # started stopping meanwhile: next check
+            capacity.forget_end_reason(allocation_id)
 
     async def _stop_gpu_work(
         self, capacity: GPUCapacity, app: Any, user: str, budget: Budget
@@ -303,11 +313,13 @@ class GPULedger(SingletonConfigurable):
             for name, spawner in list(hub_user.spawners.items()):
                 if (
                     getattr(spawner, "allocation_id", None) == placement.request.id
-                    and spawner.active
+                    and spawner.ready  # a pending start is stopped on the next check
                 ):
                     log.warning("gpulab: stopping %s/%s: %s", user, name, reason)
                     capacity.note_end_reason(placement.request.id, BUDGET)
                     # in the background: a stop takes seconds, and the ledger's writes go on
-                    stop = asyncio.ensure_future(stop_server(app, hub_user, name))
+                    stop = asyncio.ensure_future(
+                        self._stop_server(capacity, app, hub_user, name, placement.request.id)
+                    )
                     self._stopping.add(stop)
                     stop.add_done_callback(self._stopping.discard)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from traitlets.config import Config
 
-from tests.harness.browser import log_in_as_admin
+from tests.harness.browser import log_in_as_admin, run_from_palette
 from tests.harness.hub import Hub, merged
 from tests.harness.jobs import INVENTORY
 from tests.harness.labserver import EXTENSION_SRC
@@ -127,11 +127,7 @@ def test_new_gpu_cluster_dialog_sidebar_and_dashboard_pane(make_hub: Any, page: 
     page.wait_for_url("**/user/admin/lab**", timeout=90_000)
     page.wait_for_selector(".jp-LabShell", timeout=60_000)
     # "New GPU Cluster…" from the palette: a GPU profile, one worker, a name
-    page.keyboard.press("Control+Shift+C")
-    palette = page.locator(".lm-CommandPalette-input")
-    palette.wait_for(state="visible")
-    palette.fill("New GPU Cluster")
-    page.locator(".lm-CommandPalette-item", has_text="New GPU Cluster").first.click()
+    run_from_palette(page, "New GPU Cluster")
     form = page.locator("[data-testid=gpulab-dask-form]")
     form.wait_for(timeout=30_000)
     page.select_option("[data-testid=gpulab-dask-profile]", "gpu-quarter")

@@ -12,7 +12,7 @@ import httpx
 from traitlets.config import Config
 
 from jupyterlab_gpulab.budget import budget_reply
-from tests.harness.browser import log_in_as_admin
+from tests.harness.browser import log_in_as_admin, run_from_palette
 from tests.harness.jobs import put
 from tests.harness.labserver import EXTENSION_SRC
 
@@ -104,12 +104,8 @@ def test_the_lab_shows_the_budget_in_the_gpu_panel_and_the_job_form(make_hub, pa
     try:
         page.goto(f"{hub.url}/user/admin/lab/tree/hello.py")
         page.wait_for_selector(".jp-FileEditor", timeout=60_000)
-        palette = page.locator(".lm-CommandPalette-input")
 
-        page.keyboard.press("Control+Shift+C")
-        palette.wait_for(state="visible")
-        palette.fill("GPU Monitor")
-        page.locator(".lm-CommandPalette-item", has_text="GPU Monitor").first.click()
+        run_from_palette(page, "GPU Monitor")
         budget = page.locator("[data-testid=gpulab-monitor] [data-testid=gpulab-budget]")
         budget.wait_for(state="visible", timeout=30_000)
         assert budget.inner_text() == expected
@@ -117,10 +113,7 @@ def test_the_lab_shows_the_budget_in_the_gpu_panel_and_the_job_form(make_hub, pa
 
         page.goto(f"{hub.url}/user/admin/lab/tree/hello.py")
         page.wait_for_selector(".jp-FileEditor", timeout=60_000)
-        page.keyboard.press("Control+Shift+C")
-        palette.wait_for(state="visible")
-        palette.fill("Submit as GPU Job")
-        page.locator(".lm-CommandPalette-item", has_text="Submit as GPU Job").first.click()
+        run_from_palette(page, "Submit as GPU Job")
         line = page.locator(".jp-Dialog [data-testid=gpulab-submit-budget]")
         line.wait_for(state="visible", timeout=30_000)
         assert line.inner_text() == expected

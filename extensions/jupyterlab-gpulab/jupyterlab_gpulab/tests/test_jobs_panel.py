@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from traitlets.config import Config
 
-from tests.harness.browser import log_in_as_admin
+from tests.harness.browser import log_in_as_admin, run_from_palette
 from tests.harness.jobs import put
 
 ARTIFACTS = Path(os.environ.get("GPULAB_TEST_ARTIFACTS", Path(__file__).parent / "artifacts"))
@@ -93,11 +93,7 @@ def test_a_notebook_submitted_from_the_lab_runs_as_a_gpu_job_with_live_log_outpu
         form.wait_for(state="detached", timeout=30_000)  # on to its job list: created
 
         # gpulab's panel, from the palette
-        page.keyboard.press("Control+Shift+C")
-        palette = page.locator(".lm-CommandPalette-input")
-        palette.wait_for(state="visible")
-        palette.fill("GPU Jobs")
-        page.locator(".lm-CommandPalette-item", has_text="GPU Jobs").first.click()
+        run_from_palette(page, "GPU Jobs")
         run = page.locator(RUN).first
         run.wait_for(timeout=30_000)
         assert run.get_attribute("data-state") in ("queued", "admitted", "running")
@@ -138,10 +134,7 @@ def test_a_notebook_submitted_from_the_lab_runs_as_a_gpu_job_with_live_log_outpu
         # a script, from the editor: "Submit as GPU Job…" with a profile and arguments
         page.goto(f"{hub.url}/user/admin/lab/tree/hello.py")
         page.wait_for_selector(".jp-FileEditor", timeout=60_000)
-        page.keyboard.press("Control+Shift+C")
-        palette.wait_for(state="visible")
-        palette.fill("Submit as GPU Job")
-        page.locator(".lm-CommandPalette-item", has_text="Submit as GPU Job").first.click()
+        run_from_palette(page, "Submit as GPU Job")
         dialog = page.locator(".jp-Dialog [data-testid=gpulab-submit-form]")
         dialog.wait_for(timeout=30_000)
         assert dialog.locator("select").input_value().startswith("gpu-")

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from traitlets.config import Config
 
-from tests.harness.browser import log_in_as_admin
+from tests.harness.browser import log_in_as_admin, run_from_palette
 from tests.harness.hub import passable_dir
 
 ARTIFACTS = Path(os.environ.get("GPULAB_TEST_ARTIFACTS", Path(__file__).parent / "artifacts"))
@@ -78,11 +78,7 @@ def _spawn_lab(make_hub, tmp_path: Path, page: Any, source: str = "simulated") -
 
 def _open_monitor_from_palette(page: Any) -> None:
     # the command palette, as a person would: Ctrl+Shift+C, type, Enter
-    page.keyboard.press("Control+Shift+C")
-    palette = page.locator(".lm-CommandPalette-input")
-    palette.wait_for(state="visible")
-    palette.fill("GPU Monitor")
-    page.locator(".lm-CommandPalette-item", has_text="GPU Monitor").first.click()
+    run_from_palette(page, "GPU Monitor")
     page.wait_for_selector(MONITOR, timeout=30_000)
 
 
