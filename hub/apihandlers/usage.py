@@ -10,7 +10,9 @@ Query parameters (all optional):
 - user (everyone's only): only these users (repeat the parameter).
 
 Rows hold allocated GPU-hours (fraction x hours held: four quarter shares for an hour are 1.00),
-used GPU-hours (what the GPU monitor saw, capped at allocated) and idle (the difference).
+used GPU-hours (what the GPU monitor saw, capped at allocated), idle (the monitored rest) and
+unmonitored (the part of allocated held by job runs, Dask workers and external pods, which run
+no GPU monitor: neither used nor idle as far as anyone measured).
 
 Who may: everyone's figures need `custom:gpulab:admin-read` (the GPU admin panel's scope) or
 JupyterHub's admin:users; one user's need `custom:gpulab:usage` on her, which every user and her
@@ -30,7 +32,7 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab.hub.apihandlers.base import GPULabAPIHandler
-from gpulab.hub.ledger import BUCKETS, DIMENSIONS, RollupError, Row, rollup
+from gpulab.hub.ledger import BUCKETS, DIMENSIONS, RollupError, Row, idle_gpu_hours, rollup
 from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.refusals import shown
 from gpulab.hub.scopes import ADMIN_READ, USAGE
@@ -146,24 +148,36 @@ def row_json(row: Row, by: tuple[str, ...]) -> dict[str, Any]:
     out["allocated_gpu_hours"] = row.allocated_gpu_hours
     out["used_gpu_hours"] = row.used_gpu_hours
     out["idle_gpu_hours"] = row.idle_gpu_hours
+    # job runs' and Dask workers' hours: allocated, but neither used nor idle as far as anyone
+    # measured (see gpulab.hub.ledger.MONITORED_WORKLOADS)
+    out["unmonitored_gpu_hours"] = row.unmonitored_gpu_hours
     return out
 
 
 def totals(rows: list[Row]) -> dict[str, float]:
     """Sums over the rows (by group, an interval counts once per group it was held for)."""
-    allocated = sum(r.allocated_milli_seconds for r in rows) / 3_600_000
-    used = sum(r.used_gpu_seconds for r in rows) / 3600
+    allocated = sum(r.allocated_milli_seconds for r in rows)
+    unmonitored = sum(r.unmonitored_milli_seconds for r in rows)
+    used = sum(r.used_gpu_seconds for r in rows)
     return {
-        "allocated_gpu_hours": allocated,
-        "used_gpu_hours": used,
-        "idle_gpu_hours": max(0.0, allocated - used),
+        "allocated_gpu_hours": allocated / 3_600_000,
+        "used_gpu_hours": used / 3600,
+        "idle_gpu_hours": idle_gpu_hours(allocated, unmonitored, used),
+        "unmonitored_gpu_hours": unmonitored / 3_600_000,
     }
 
 
 def to_csv(rows: list[Row], by: tuple[str, ...]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    header = ["bucket", *by, "allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours"]
+    header = [
+        "bucket",
+        *by,
+        "allocated_gpu_hours",
+        "used_gpu_hours",
+        "idle_gpu_hours",
+        "unmonitored_gpu_hours",
+    ]
     writer.writerow(header)
     for r in rows:
         writer.writerow([row_json(r, by)[h] for h in header])

@@ -16,6 +16,7 @@ from .model import (
     CULLED,
     END_REASONS,
     GONE,
+    MONITORED_WORKLOADS,
     NODE_LOST,
     PREEMPTED,
     RELEASED,
@@ -31,7 +32,7 @@ from .model import (
     workload_of,
 )
 from .quota import Budget, HourQuota, HourQuotaError, budgets, burn_down, tightest
-from .rollup import BUCKETS, DIMENSIONS, RollupError, Row, UsageSample, rollup
+from .rollup import BUCKETS, DIMENSIONS, RollupError, Row, UsageSample, idle_gpu_hours, rollup
 
 __all__ = [
     "BUCKETS",
@@ -40,6 +41,7 @@ __all__ = [
     "DIMENSIONS",
     "END_REASONS",
     "GONE",
+    "MONITORED_WORKLOADS",
     "NODE_LOST",
     "PREEMPTED",
     "RELEASED",
@@ -59,6 +61,7 @@ __all__ = [
     "burn_down",
     "diff",
     "holdings",
+    "idle_gpu_hours",
     "rollup",
     "tightest",
     "whole_second",

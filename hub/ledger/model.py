@@ -21,6 +21,11 @@ from typing import Any
 
 #: kinds of workload an interval can belong to; "external" is a GPU pod gpulab did not make
 WORKLOADS = ("server", "job", "dask", "external")
+#: the workloads whose GPU use is measured: a server's GPU monitor pushes its share's
+#: utilisation to gpulab-metrics. Job runs and Dask workers run no monitor yet and external pods
+#: none of ours, so their used and idle GPU-hours are unknown, and rollups count their allocated
+#: hours as "unmonitored" instead of calling all of them idle.
+MONITORED_WORKLOADS = ("server",)
 
 #: why an interval closed: released by its holder, preempted (for on-demand work, or by an
 #: admin), resized, gone (found missing without a release), its node lost, culled (GPU-aware

@@ -5,7 +5,10 @@ so four quarter shares held for an hour are 1.00 GPU-hour, not 0.9999. Used GPU-
 the GPU monitor's samples (utilisation x seconds between pushes, what the metrics service
 records per user, server, device and hour); they are capped per interval and hour at what was
 allocated, because a fractional share's device-wide figure includes its neighbours' work.
-Idle = allocated - used.
+Only intervals of monitored workloads (`MONITORED_WORKLOADS`: servers) have used and idle
+GPU-hours: the allocated hours of the others (job runs, Dask workers, external pods) are
+counted as unmonitored, since no figure says whether they used them. Idle = allocated -
+unmonitored - used.
 
 Buckets are UTC calendar hours, days and months. A rollup by group counts an interval towards
 each of its owner's groups at grant time, so group rows may add up to more than the total.
@@ -19,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .model import MILLI, Interval
+from .model import MILLI, MONITORED_WORKLOADS, Interval
 
 SECONDS_PER_HOUR = 3600
 BUCKETS = ("hour", "day", "month")
@@ -50,6 +53,8 @@ class Row:
     bucket: int
     key: tuple[str, ...]
     allocated_milli_seconds: int = 0
+    #: the part of allocated_milli_seconds held by unmonitored workloads
+    unmonitored_milli_seconds: int = 0
     used_gpu_seconds: float = 0.0
     intervals: set[int] = field(default_factory=set)
 
@@ -58,12 +63,26 @@ class Row:
         return self.allocated_milli_seconds / (MILLI * SECONDS_PER_HOUR)
 
     @property
+    def unmonitored_gpu_hours(self) -> float:
+        return self.unmonitored_milli_seconds / (MILLI * SECONDS_PER_HOUR)
+
+    @property
     def used_gpu_hours(self) -> float:
         return self.used_gpu_seconds / SECONDS_PER_HOUR
 
     @property
     def idle_gpu_hours(self) -> float:
-        return max(0.0, self.allocated_gpu_hours - self.used_gpu_hours)
+        return idle_gpu_hours(
+            self.allocated_milli_seconds, self.unmonitored_milli_seconds, self.used_gpu_seconds
+        )
+
+
+def idle_gpu_hours(
+    allocated_milli_seconds: int, unmonitored_milli_seconds: int, used: float
+) -> float:
+    """Monitored allocated GPU-hours that were not used (`used` in GPU-seconds)."""
+    monitored = (allocated_milli_seconds - unmonitored_milli_seconds) / (MILLI * SECONDS_PER_HOUR)
+    return max(0.0, monitored - used / SECONDS_PER_HOUR)
 
 
 def bucket_start(t: int, bucket: str) -> int:
@@ -124,7 +143,8 @@ def rollup(
     bucket: str = "day",
     by: Iterable[str] = ("user",),
 ) -> list[Row]:
-    """Allocated, used and idle GPU-hours per bucket and group within [since, until)."""
+    """Allocated, unmonitored, used and idle GPU-hours per bucket and group within
+    [since, until)."""
     if until <= since:
         raise RollupError(f"until ({until}) must be after since ({since})")
     dims = check_dimensions(by)
@@ -138,9 +158,11 @@ def rollup(
             continue
         for start, b_lo, b_hi in buckets(lo, end, bucket):
             amount = interval.holding.milli * (b_hi - b_lo)
+            unmonitored = amount if interval.holding.workload not in MONITORED_WORKLOADS else 0
             for key in _keys(interval, dims):
                 row = rows.setdefault((start, key), Row(start, key))
                 row.allocated_milli_seconds += amount
+                row.unmonitored_milli_seconds += unmonitored
                 row.intervals.add(interval.id)
     for sample, interval, seconds in attribute_usage(chosen, usage, since, until):
         start = bucket_start(sample.hour, bucket)
@@ -154,12 +176,14 @@ def attribute_usage(
     intervals: list[Interval], usage: Iterable[UsageSample], since: int, until: int
 ) -> Iterator[tuple[UsageSample, Interval, float]]:
     """Each usage sample within [since, until), matched to the interval it was used under (same
-    user and device, overlapping its hour; the server's own allocation "{user}/{server}" first,
-    then the longest overlap), and capped at what that interval allocated in that hour. A
-    sample no interval matches (a device outside the ledger) is dropped: used never exceeds
-    allocated."""
+    user and device, overlapping its hour, a monitored workload's: the server's own allocation
+    "{user}/{server}" first, then the longest overlap), and capped at what that interval
+    allocated in that hour. A sample no interval matches (a device outside the ledger) is
+    dropped: used never exceeds allocated, nor lands on an unmonitored job's hours."""
     by_device: dict[tuple[str, str], list[Interval]] = defaultdict(list)
     for interval in intervals:
+        if interval.holding.workload not in MONITORED_WORKLOADS:
+            continue
         by_device[(interval.holding.user, interval.holding.device)].append(interval)
     spent: dict[tuple[int, int], float] = defaultdict(float)  # (interval id, hour) -> seconds
     for sample in usage:

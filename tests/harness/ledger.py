@@ -24,14 +24,15 @@ class Held:
     seconds: int
     device: str = "GPU-seeded-0"
     profile: str = "gpu-1"
+    workload: str = "server"  # "job": a job run's share (allocation "<user>/job-1")
 
     def holding(self) -> Holding:
         return Holding(
-            allocation_id=f"{self.user}/",
+            allocation_id=f"{self.user}/" + ("job-1" if self.workload == "job" else ""),
             device=self.device,
             user=self.user,
             groups=tuple(sorted(self.groups)),
-            workload="server",
+            workload=self.workload,
             profile=self.profile,
             gpu_model=MODEL,
             mig_profile=None,

@@ -10,6 +10,8 @@ export interface UsageRow {
   allocated_gpu_hours: number;
   used_gpu_hours: number;
   idle_gpu_hours: number;
+  /** job runs' and Dask workers' part of allocated: no GPU figures, neither used nor idle */
+  unmonitored_gpu_hours: number;
 }
 
 export interface Usage {
@@ -81,16 +83,24 @@ export interface Consumer {
   allocated: number;
   used: number;
   idle: number;
+  unmonitored: number;
 }
 
 /** Users by allocated GPU-hours over the rows (summed over the buckets), largest first. */
 export function consumers(rows: UsageRow[], top: number): Consumer[] {
   const byUser = new Map<string, Consumer>();
   for (const r of rows) {
-    const c = byUser.get(r.user) ?? { user: r.user, allocated: 0, used: 0, idle: 0 };
+    const c = byUser.get(r.user) ?? {
+      user: r.user,
+      allocated: 0,
+      used: 0,
+      idle: 0,
+      unmonitored: 0
+    };
     c.allocated += r.allocated_gpu_hours;
     c.used += r.used_gpu_hours;
     c.idle += r.idle_gpu_hours;
+    c.unmonitored += r.unmonitored_gpu_hours;
     byUser.set(r.user, c);
   }
   return [...byUser.values()]

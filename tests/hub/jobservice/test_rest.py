@@ -13,6 +13,7 @@ import httpx
 
 from gpulab.hub.jobservice.service import NOT_YET_CONSIDERED
 from tests.harness.jobs import CHECKPOINTING_SCRIPT, INVENTORY, put, until, user_client
+from tests.harness.wait import wait_for
 
 
 def test_a_users_script_runs_on_a_gpu_share_with_logs_and_outputs_and_outlives_her_server(
@@ -26,8 +27,9 @@ def test_a_users_script_runs_on_a_gpu_share_with_logs_and_outputs_and_outlives_h
         hub,
         "alice",
         "projects/train.py",
-        "import os, sys\n"
+        "import os, sys, time\n"
         "print('epochs', sys.argv[1], 'on', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+        "time.sleep(2)  # a share held for whole seconds: GPU-hours in the ledger\n"
         "open(os.path.join(os.environ['GPULAB_OUTPUT_DIR'], 'model.bin'), 'w').write('w' * 10)\n",
     )
     hub.stop_server("alice")  # the job does not need her server
@@ -62,6 +64,19 @@ def test_a_users_script_runs_on_a_gpu_share_with_logs_and_outputs_and_outlives_h
     assert bob.get(f"/users/alice/jobs/{run['id']}/logs").status_code == 403
     assert bob.delete(f"/users/alice/jobs/{run['id']}").status_code == 403
     assert bob.get(f"/users/bob/jobs/{run['id']}").status_code == 404  # not under his name
+
+    # her GPU-hours: the run's quarter share as a job's, allocated but unmonitored (no job
+    # pushes GPU figures), never reported as idle
+    def job_row() -> dict[str, Any] | None:
+        r = alice.get("/users/alice/usage", params={"by": "workload"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        rows = [r for r in body["rows"] if r["workload"] == "job"]
+        return rows[0] if rows and rows[0]["allocated_gpu_hours"] > 0 else None
+
+    row = wait_for("the run's GPU-hours in alice's usage", job_row, 30, 0.5)
+    assert row["unmonitored_gpu_hours"] == row["allocated_gpu_hours"]
+    assert row["used_gpu_hours"] == 0 and row["idle_gpu_hours"] == 0
 
 
 def test_cancel_frees_the_share_before_it_answers_and_bad_requests_name_the_field(

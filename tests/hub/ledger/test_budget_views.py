@@ -6,7 +6,7 @@ The history (GPU-hours, all closed, in the 30-day budget window; D = a day befor
 
     carol         1/4 GPU   5.5 D ago for 8 h   2 GPU-h
     alice (ml)    1 GPU     3.5 D ago for 10 h  10 GPU-h (0.5 of them used: the monitor saw it)
-    bob (ml)      1 GPU     2.5 D ago for 6 h   6 GPU-h
+    bob (ml)      1 GPU     2.5 D ago for 6 h   6 GPU-h (a job run: unmonitored, not idle)
     alice (ml)    1/2 GPU   1.5 D ago for 4 h   2 GPU-h
 
 and the budgets: alice 100, bob 7, carol 2, dave 50, group ml 20 (warning at 80 %).
@@ -43,7 +43,7 @@ def _history(now: int) -> tuple[list[Held], list[UsageSample]]:
     held = [
         Held("carol", (), 250, now - int(5.5 * DAY), 8 * HOUR),
         Held("alice", ("ml",), 1000, alice_start, 10 * HOUR),
-        Held("bob", ("ml",), 1000, now - int(2.5 * DAY), 6 * HOUR, device="GPU-seeded-1"),
+        Held("bob", ("ml",), 1000, now - int(2.5 * DAY), 6 * HOUR, "GPU-seeded-1", workload="job"),
         Held("alice", ("ml",), 500, now - int(1.5 * DAY), 4 * HOUR),
     ]
     # half an hour of the device busy, in the second hour of alice's first interval
@@ -245,9 +245,9 @@ def test_the_panel_charts_top_consumers_and_budgets_and_exports_the_usage_csv(hu
     chart.wait_for(timeout=30_000)
     assert chart.get_attribute("aria-label") == (
         "Top consumers by GPU-hours (last 7 days): "
-        "alice: 12.0 allocated, 0.5 used, 11.5 idle; "
-        "bob: 6.0 allocated, 0 used, 6.0 idle; "
-        "carol: 2.0 allocated, 0 used, 2.0 idle"
+        "alice: 12.0 allocated, 0.5 used, 11.5 idle, 0 unmonitored; "
+        "bob: 6.0 allocated, 0 used, 0 idle, 6.0 unmonitored; "
+        "carol: 2.0 allocated, 0 used, 2.0 idle, 0 unmonitored"
     )
     assert _painted_pixels(chart) > 500
 
@@ -290,6 +290,7 @@ def test_the_panel_charts_top_consumers_and_budgets_and_exports_the_usage_csv(hu
         "allocated_gpu_hours",
         "used_gpu_hours",
         "idle_gpu_hours",
+        "unmonitored_gpu_hours",
     ]
     allocated: dict[tuple[str, str], float] = {}
     for row in rows:
@@ -298,6 +299,10 @@ def test_the_panel_charts_top_consumers_and_budgets_and_exports_the_usage_csv(hu
     assert allocated == pytest.approx(
         {("alice", "gpu-1"): 12.0, ("bob", "gpu-1"): 6.0, ("carol", "gpu-1"): 2.0}
     )
+    # bob's job run: all of its hours unmonitored, none called idle
+    bob_rows = [r for r in rows if r["user"] == "bob"]
+    assert sum(float(r["unmonitored_gpu_hours"]) for r in bob_rows) == pytest.approx(6.0)
+    assert sum(float(r["idle_gpu_hours"]) for r in bob_rows) == 0
 
     # the last 24 hours hold none of the history
     top.get_by_label("GPU-hours window").select_option("24h")

@@ -88,11 +88,14 @@ def test_grants_and_releases_are_intervals_and_pushes_are_used_hours(ledger_hub:
     assert row["idle_gpu_hours"] == pytest.approx(
         row["allocated_gpu_hours"] - row["used_gpu_hours"]
     )
+    assert row["unmonitored_gpu_hours"] == 0.0  # a server: its monitor measured it
 
     r = hub.api("GET", "/gpulab/usage", params={"by": "profile", "format": "csv"})
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/csv")
     header, line = r.text.splitlines()
-    assert header == "bucket,profile,allocated_gpu_hours,used_gpu_hours,idle_gpu_hours"
+    assert header == (
+        "bucket,profile,allocated_gpu_hours,used_gpu_hours,idle_gpu_hours,unmonitored_gpu_hours"
+    )
     assert line.split(",")[1] == "gpu-quarter"
 
     # the counters on the hub's /hub/metrics

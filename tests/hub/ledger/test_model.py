@@ -89,6 +89,44 @@ def test_used_is_capped_at_allocated_and_idle_is_the_rest():
     assert row.idle_gpu_hours == pytest.approx(0.15)
 
 
+def test_job_and_dask_hours_are_unmonitored_not_idle_and_a_servers_use_never_lands_on_them():
+    # alice's server holds a quarter of gpu-0; her job run and her Dask worker hold the other
+    # three quarters of it, for the same hour; no job or worker pushes figures
+    intervals = [
+        Interval(1, holding("alice/", milli=250), start=0, end=3600),
+        Interval(2, holding("alice/job-7", milli=500, workload="job"), start=0, end=3600),
+        Interval(3, holding("alice/dask-c1-w0", milli=250, workload="dask"), start=0, end=3600),
+    ]
+    # the server's monitor saw more than its quarter used (device-wide figure): capped at its
+    # own quarter, never spilled onto the job's or the worker's hours
+    usage = [
+        UsageSample("alice", "", "gpu-0", 0, used_gpu_seconds=0.9 * 3600, sampled_seconds=3600)
+    ]
+    (row,) = rollup(intervals, usage, since=0, until=3600, bucket="hour", by=("user",))
+    assert row.allocated_gpu_hours == 1.0
+    assert row.unmonitored_gpu_hours == 0.75
+    assert row.used_gpu_hours == 0.25
+    assert row.idle_gpu_hours == 0.0
+    by_workload = rollup(intervals, [], since=0, until=3600, bucket="hour", by=("workload",))
+    assert {
+        r.key: (r.allocated_gpu_hours, r.unmonitored_gpu_hours, r.used_gpu_hours, r.idle_gpu_hours)
+        for r in by_workload
+    } == {
+        ("server",): (0.25, 0.0, 0.0, 0.25),
+        ("job",): (0.5, 0.5, 0.0, 0.0),
+        ("dask",): (0.25, 0.25, 0.0, 0.0),
+    }
+
+
+def test_a_job_alone_has_no_idle_hours_and_its_use_is_not_guessed():
+    interval = Interval(1, holding("bob/job-3", milli=1000, workload="job"), start=0, end=3600)
+    # a sample of bob's server on the device his job holds (no server interval there)
+    usage = [UsageSample("bob", "", "gpu-0", 0, used_gpu_seconds=1800, sampled_seconds=3600)]
+    (row,) = rollup([interval], usage, since=0, until=3600, bucket="hour", by=("user",))
+    assert (row.allocated_gpu_hours, row.unmonitored_gpu_hours) == (1.0, 1.0)
+    assert (row.used_gpu_hours, row.idle_gpu_hours) == (0.0, 0.0)
+
+
 def test_usage_of_a_device_outside_the_ledger_is_not_counted():
     interval = Interval(1, holding("alice/"), start=0, end=3600)
     usage = [

@@ -27,9 +27,11 @@ const TOP = 10;
 const REFRESH_MS = 60_000;
 const USED_COLOR = 'hsl(140, 55%, 45%)';
 const IDLE_COLOR = 'hsl(30, 85%, 60%)';
+const UNMONITORED_COLOR = 'hsl(220, 10%, 70%)';
 
-/** Users by GPU-hours over a chosen window: used and idle stacked, together what each was
- * allocated; and the server's CSV of the same window. */
+/** Users by GPU-hours over a chosen window: used, idle and unmonitored (job runs and Dask
+ * workers, which push no GPU figures) stacked, together what each was allocated; and the
+ * server's CSV of the same window. */
 export function TopConsumers({ apiUrl }: { apiUrl: string }) {
   const [windowKey, setWindowKey] = useState('7d');
   const [since, setSince] = useState(() => windowStart('7d'));
@@ -58,7 +60,7 @@ export function TopConsumers({ apiUrl }: { apiUrl: string }) {
   const summary = (top ?? [])
     .map(
       c =>
-        `${c.user}: ${gpuHours(c.allocated)} allocated, ${gpuHours(c.used)} used, ${gpuHours(c.idle)} idle`
+        `${c.user}: ${gpuHours(c.allocated)} allocated, ${gpuHours(c.used)} used, ${gpuHours(c.idle)} idle, ${gpuHours(c.unmonitored)} unmonitored`
     )
     .join('; ');
   return (
@@ -113,6 +115,11 @@ export function TopConsumers({ apiUrl }: { apiUrl: string }) {
                   label: 'Idle GPU-hours',
                   data: top.map(c => c.idle),
                   backgroundColor: IDLE_COLOR
+                },
+                {
+                  label: 'Unmonitored GPU-hours (jobs, Dask workers)',
+                  data: top.map(c => c.unmonitored),
+                  backgroundColor: UNMONITORED_COLOR
                 }
               ]
             }}
@@ -133,7 +140,7 @@ export function TopConsumers({ apiUrl }: { apiUrl: string }) {
                 x: {
                   stacked: true,
                   beginAtZero: true,
-                  title: { display: true, text: 'GPU-hours allocated (used + idle)' }
+                  title: { display: true, text: 'GPU-hours allocated (used + idle + unmonitored)' }
                 },
                 y: { stacked: true, ticks: { autoSkip: false } }
               }
