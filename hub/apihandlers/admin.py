@@ -31,6 +31,7 @@ from gpulab.hub.cullservice import GPUCuller
 from gpulab.hub.dask import parse_allocation_id
 from gpulab.hub.jobservice.hub import GPUJobs
 from gpulab.hub.jobservice.service import run_id_of
+from gpulab.hub.ledger import MONITORED_WORKLOADS
 from gpulab.hub.ledger.store import LiveFigure
 from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.refusals import shown
@@ -148,6 +149,9 @@ def describe_workload(
             }
         ),
         "ui_idle_seconds": ui_idle,
+        # whether anything measures its GPU use: job runs and Dask workers push no figures yet,
+        # so their live columns are null for that reason, not because their pushes went stale
+        "monitored": kind in MONITORED_WORKLOADS,
         **live_columns(placement, figures or {}, now.replace(tzinfo=timezone.utc).timestamp()),
         "events": events or [],
     }

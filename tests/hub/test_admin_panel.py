@@ -122,6 +122,7 @@ def test_the_overview_lists_each_running_server_with_its_gpu_owner_and_idle_time
     assert [d["fraction"] for d in bob["devices"]] == [0.5]
     assert alice["devices"][0]["index"] in (0, 1)
     assert alice["tier"] == "on-demand" and alice["over_quota"] is False
+    assert alice["monitored"] is True  # a server's GPU monitor pushes its figures
     assert alice["server"]["name"] == "" and alice["server"]["url"] == "/user/alice/"
     assert bob["server"]["name"] == "train" and bob["server"]["url"] == "/user/bob/train/"
     assert 0 <= alice["ui_idle_seconds"] < 600
@@ -238,7 +239,7 @@ def _running_job(hub: Hub, user: str, **spec: Any) -> tuple[httpx.Client, int]:
     return client, run_id
 
 
-def test_a_running_job_is_listed_as_a_job_and_stop_cancels_it_freeing_its_share(hub):
+def test_a_running_job_is_listed_as_a_job_and_stop_cancels_it_freeing_its_share(hub, page):
     kim, run_id = _running_job(hub, "kim")
     allocation = f"kim/job-{run_id}"
     try:
@@ -246,6 +247,15 @@ def test_a_running_job_is_listed_as_a_job_and_stop_cancels_it_freeing_its_share(
         job = workloads[allocation]
         assert (job["kind"], job["owner"], job["gpus"]) == ("job", "kim", 0.25)
         assert job["server"] is None and job["ui_idle_seconds"] is None
+        # no job pushes GPU figures yet: the panel says so instead of leaving blanks
+        assert job["monitored"] is False and job["utilization"] is None
+        log_in_as_admin(page, hub)
+        page.goto(f"{hub.url}/hub/gpulab/admin")
+        row = page.get_by_role("table", name="Workloads").get_by_role(
+            "row", name=f"Workload {allocation}"
+        )
+        row.wait_for(timeout=30_000)
+        assert "not monitored" in row.inner_text()
 
         results = _act(_token(hub, "operator"), "stop", [allocation])
         assert results[allocation]["ok"] is True, results
@@ -352,6 +362,7 @@ def test_the_page_lists_servers_filters_stops_the_selected_one_and_exports_csv(h
             ("judy/", "judy", "server", "1/4 GPU")
         ]
         assert rows[0]["gpu_model"] == MODEL and rows[0]["tier"] == "on-demand"
+        assert rows[0]["monitored"] == "true"
 
         page.once("dialog", lambda dialog: dialog.accept())
         judy.get_by_role("checkbox", name="Select judy/").check()

@@ -18,6 +18,7 @@ export const CSV_COLUMNS: [string, (w: Workload) => string | number | boolean | 
   ['started_at', w => w.started_at],
   ['ui_idle', w => duration(w.ui_idle_seconds)],
   ['gpu_idle', w => duration(w.gpu_idle_seconds)],
+  ['monitored', w => w.monitored],
   ['utilization_percent', w => w.utilization],
   ['memory_used_mib', w => w.memory_used_mib],
   ['culling', w => w.culling?.verdict ?? null],

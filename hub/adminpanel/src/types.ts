@@ -37,6 +37,8 @@ export interface Workload {
   ui_idle_seconds: number | null;
   /** null until the metrics service's figures are joined in */
   gpu_idle_seconds: number | null;
+  /** whether a GPU monitor measures it (servers); jobs and Dask workers push no figures yet */
+  monitored: boolean;
   utilization: number | null;
   memory_used_mib: number | null;
   live: unknown;

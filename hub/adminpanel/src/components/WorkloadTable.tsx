@@ -76,9 +76,21 @@ export function WorkloadTable({ workloads, selected, onToggle, onToggleAll }: Pr
                 {w.over_quota && <span className="badge text-bg-warning ms-1">over quota</span>}
               </td>
               <td>{duration(w.ui_idle_seconds)}</td>
-              <td>{duration(w.gpu_idle_seconds)}</td>
-              <td>{percent(w.utilization)}</td>
-              <td>{mebibytes(w.memory_used_mib)}</td>
+              {w.monitored ? (
+                <>
+                  <td>{duration(w.gpu_idle_seconds)}</td>
+                  <td>{percent(w.utilization)}</td>
+                  <td>{mebibytes(w.memory_used_mib)}</td>
+                </>
+              ) : (
+                <td
+                  colSpan={3}
+                  className="text-muted"
+                  title="Job runs and Dask workers push no GPU figures yet"
+                >
+                  not monitored
+                </td>
+              )}
               <td title={w.culling?.reason ?? ''}>{cullingLabel(w)}</td>
             </tr>
           ))}
