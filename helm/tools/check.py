@@ -108,13 +108,30 @@ def render(
         chart.close()
 
 
+class DuplicateKey(yaml.constructor.ConstructorError):
+    """A mapping of a rendered template names a key twice (YAML loaders keep the last one; the
+    API server too, so the first is lost without a word: a template bug yamllint would report)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise DuplicateKey(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def manifests(rendered: dict[str, str]) -> list[dict[str, Any]]:
-    """Every Kubernetes object of a render, in template order."""
+    """Every Kubernetes object of a render, in template order; DuplicateKey for a mapping that
+    names a key twice."""
     out = []
     for path in sorted(rendered):
         if path.endswith("NOTES.txt"):
             continue
-        for doc in yaml.safe_load_all(rendered[path]):
+        for doc in yaml.load_all(rendered[path], Loader=_StrictLoader):  # a SafeLoader
             if doc:
                 out.append(doc)
     return out

@@ -143,3 +143,11 @@ def test_the_proxy_public_service_takes_the_node_port(
     service = find(all_options_objects, "Service", "gpulab-gpulab-ci-proxy-public")[0]
     assert service["spec"]["type"] == "NodePort"
     assert service["spec"]["ports"][0]["nodePort"] == 30080
+
+
+def test_a_key_named_twice_in_a_template_is_an_error(check: ModuleType) -> None:
+    """What yamllint finds in z2jh's rendered templates: YAML keeps the last of two equal keys,
+    so a template that writes a field twice loses the first without a word."""
+    rendered = {"t/a.yaml": "kind: Pod\nspec:\n  tolerations: []\n  tolerations: [{}]\n"}
+    with pytest.raises(check.DuplicateKey, match="tolerations"):
+        check.manifests(rendered)
