@@ -76,6 +76,9 @@ PLACEMENT_ANNOTATION = "gpulab.io/placement"
 PRIORITY_LABEL = "gpulab.io/priority"
 #: Pods of one affinity group (preferred together on a rack / zone).
 AFFINITY_LABEL = "gpulab.io/affinity-group"
+#: GPU placeholder pods (the Helm chart's, per profile, at the lowest priority): their GPUs are
+#: there for a server to take by preemption, so gpulab's allocator does not count them as held.
+PLACEHOLDER_LABEL = "gpulab.io/placeholder"
 #: KubeSpawner's label of a user's objects (its escaped name); gpulab's jobs carry it too, with
 #: the name as a safe label value (the exact name is in the annotation of the same key).
 USERNAME_LABEL = "hub.jupyter.org/username"

@@ -33,6 +33,7 @@ from gpulab.spawner.names import (
     HAMI_MEMORY_RESOURCE,
     HAMI_REGISTER_ANNOTATION,
     MIG_RESOURCE_PREFIX,
+    PLACEHOLDER_LABEL,
     SHARED_GPU_RESOURCE,
 )
 
@@ -60,6 +61,11 @@ def _pod_gpu_limits(pod: dict[str, Any]) -> dict[str, int]:
 
 
 def _holds_gpus(pod: dict[str, Any]) -> bool:
+    """Whether a pod gpulab did not make holds GPUs nobody else may be offered. A placeholder's
+    do not count: the scheduler preempts it for the server the allocator places there."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if labels.get(PLACEHOLDER_LABEL) == "true":
+        return False
     limits = _pod_gpu_limits(pod)
     limits.pop(HAMI_MEMORY_RESOURCE, None)
     return bool(limits)
