@@ -9,39 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import os
 import secrets
 import shutil
-import signal
-import subprocess
 import tempfile
 from pathlib import Path
 
 from gpulab.spawner.local.accounts import SystemAccount, ensure_account
-from tests.harness.hub import PASSABLE_ROOT
+from tests.harness.hub import PASSABLE_ROOT, pids_of_uid, remove_account
+
+__all__ = ["UID_RANGE", "TestAccounts", "pids_of_uid"]
 
 #: the test hubs' range too (tests/spawner/local/test_accounts_in_kernels.py)
 UID_RANGE = (200000, 299999)
-
-
-def _live_uid_of(pid: int) -> int | None:
-    """The uid `pid` runs as; None when it is gone or a zombie (an exited process its parent has
-    not reaped yet: on some machines pid 1 reaps orphans late)."""
-    try:
-        fields = dict(
-            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        )
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    if fields.get("State", "").split()[:1] == ["Z"]:
-        return None
-    return int(fields["Uid"].split()[0])
-
-
-def pids_of_uid(uid: int) -> list[int]:
-    """The live processes running as `uid` (zombies are gone: they hold no memory and no GPU)."""
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _live_uid_of(int(p)) == uid]
 
 
 class TestAccounts:
@@ -70,8 +50,5 @@ class TestAccounts:
 
     def close(self) -> None:
         for account in self.accounts:
-            for pid in pids_of_uid(account.uid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            subprocess.run(["userdel", account.name], check=False, capture_output=True)
+            remove_account(account.name, account.uid)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -50,6 +50,46 @@ SHIPPED_CONFIG = REPO / "hub" / "jupyterhub_config.py"
 PASSABLE_ROOT = Path(tempfile.gettempdir()) / "gpulab-test-hubs"
 
 
+def _live_uid_of(pid: int) -> int | None:
+    """The uid `pid` runs as; None when it is gone or a zombie (an exited process its parent has
+    not reaped yet: on some machines pid 1 reaps orphans late)."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if fields.get("State", "").split()[:1] == ["Z"]:
+        return None
+    return int(fields["Uid"].split()[0])
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """The live processes running as `uid` (zombies are gone: they hold no memory and no GPU)."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _live_uid_of(int(p)) == uid]
+
+
+def remove_account(name: str, uid: int, timeout: float = 10.0) -> None:
+    """Kill what runs as `uid` and remove the account. `userdel` refuses an account that still
+    has a process, and SIGKILL is not instant (a process in the kernel, or reaped late by its
+    parent): so wait until none is left, and try `userdel` again while it says the account is
+    in use. A test account left behind would stay on the machine for good."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = pids_of_uid(uid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not pids:
+            result = subprocess.run(["userdel", name], check=False, capture_output=True)
+            if result.returncode in (0, 6):  # removed, or no such account
+                return
+        if time.monotonic() > deadline:
+            print(f"tests: could not remove account {name} (uid {uid}): {pids_of_uid(uid)} left")
+            return
+        time.sleep(0.1)
+
+
 def passable_dir(requested: Path) -> Path:
     """A fresh directory under PASSABLE_ROOT for a hub's state, linked from `requested` so that a
     test finds the hub's files where it asked for them."""
@@ -262,8 +302,7 @@ class Hub:
     def cleanup(self) -> None:
         """After close(): remove this hub's user accounts (their processes are gone) and state."""
         for entry in self.accounts():
-            subprocess.run(["pkill", "-KILL", "-u", str(entry.pw_uid)], check=False)
-            subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
+            remove_account(entry.pw_name, entry.pw_uid)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # -- REST helpers --------------------------------------------------------------------------
