@@ -14,13 +14,14 @@ the referenced schemas in place, against the *cluster's own* OpenAPI document (`
 the pod and service schemas are exactly what that API server validates; `structural` makes the
 result a structural schema (int-or-string as `x-kubernetes-int-or-string`, no merge-patch
 annotations, no descriptions: the resolved DaskJob would otherwise pass etcd's object size);
-then the package's patch is applied (`apply_json_patch`). The Helm chart's pre-resolved CRDs are
-resolved against Kubernetes 1.21.1's schemas, not the cluster's.
+then the package's patch is applied (`apply_json_patch`). dask-kubernetes' own Helm chart ships
+CRDs resolved against Kubernetes 1.21.1's schemas, not the cluster's; gpulab's does not.
 
 Who calls this: `python -m gpulab.spawner.kube.dask_operator install-crds` (an admin, once per
-cluster and dask-kubernetes upgrade; the Helm chart of issue 19 will run the same),
-`... run` (the operator, `operator_command`, with the kubeconfig of `KUBECONFIG` or the pod's
-service account, as the chart's Deployment will), and the tests' fixtures (`install_crds`).
+cluster and dask-kubernetes upgrade; gpulab's Helm chart runs it in a pre-install and pre-upgrade
+hook Job, helm/gpulab/templates/dask/crds-job.yaml), `... run` (the operator,
+`operator_command`, with the kubeconfig of `KUBECONFIG` or the pod's service account, as the
+chart's Deployment does), and the tests' fixtures (`install_crds`).
 """
 
 from __future__ import annotations

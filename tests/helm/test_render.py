@@ -44,7 +44,8 @@ def test_every_option_renders_placeholders_and_a_snapshot_class_too(
     all_options_objects: list[dict[str, Any]],
 ) -> None:
     found = kinds(all_options_objects)
-    assert found["Deployment"] == 2 + 3  # hub, proxy, a placeholder Deployment per profile
+    # hub, proxy, a placeholder Deployment per profile, the Dask operator
+    assert found["Deployment"] == 2 + 3 + 1
     assert found["PriorityClass"] == 3  # and the placeholders'
     assert found["VolumeSnapshotClass"] == 1
 

@@ -23,6 +23,7 @@
 {{- define "gpulab.proxy.fullname" -}}{{ include "gpulab.fullname" . }}-proxy{{- end }}
 {{- define "gpulab.proxy-api.fullname" -}}{{ include "gpulab.fullname" . }}-proxy-api{{- end }}
 {{- define "gpulab.proxy-public.fullname" -}}{{ include "gpulab.fullname" . }}-proxy-public{{- end }}
+{{- define "gpulab.dask-operator.fullname" -}}{{ include "gpulab.fullname" . }}-dask-operator{{- end }}
 
 {{- define "gpulab.chartLabel" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
