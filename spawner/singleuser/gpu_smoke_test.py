@@ -194,9 +194,9 @@ def run(env: Mapping[str, str]) -> tuple[int, Report, str]:
     share = share_spec(env)
     report = Report()
     nvml, nvml_reason = _load_nvml()
-    devices = nvml_devices(nvml) if nvml is not None else []
-    torch, torch_reason = _load_torch()
     try:
+        devices = nvml_devices(nvml) if nvml is not None else []
+        torch, torch_reason = _load_torch()
         if torch is None:
             if share.cpu_only or not devices:
                 why = "; ".join(r for r in (torch_reason, nvml_reason) if r) or "no device"
