@@ -2,7 +2,8 @@
 
 The pod spec GPUKubeSpawner builds (placement -> `placed_pod`, the configured environment, then
 `container_device_environment`, rendered by KubeSpawner's own `make_pod`) for every kind of
-profile, with `all` configured as an image or `c.GPUKubeSpawner.environment` would set it."""
+profile, with `all` configured as an image or `c.GPUKubeSpawner.environment` would set it; and
+GPUKubeSpawner.get_env itself, on a spawner that never reaches a cluster."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+from jupyterhub.objects import Hub, Server
+from kubernetes_asyncio.client import Configuration
+from kubernetes_asyncio.config import kube_config
+from kubespawner import clients
 from kubespawner.objects import make_pod
 
 from gpulab.hub.allocator import GPU, GpuShare, Placement, Request
 from gpulab.hub.profiles import Profile
+from gpulab.spawner.kube import GPUKubeSpawner
 from gpulab.spawner.kube.gpu_resources import (
     HAMI,
     MIG,
@@ -146,3 +152,62 @@ def test_the_device_rule_wins_over_any_configured_value(configured: str) -> None
     env = {"NVIDIA_VISIBLE_DEVICES": configured}
     assert container_device_environment(env, holds_gpus=True) == {}
     assert container_device_environment(env, holds_gpus=False) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
+# -- GPUKubeSpawner.get_env ---------------------------------------------------------------------
+
+OFFLINE_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: nowhere, cluster: {server: "https://127.0.0.1:9"}}]
+users: [{name: nobody, user: {token: unused}}]
+contexts: [{name: nowhere, context: {cluster: nowhere, user: nobody}}]
+current-context: nowhere
+"""
+
+
+@pytest.fixture
+def offline_kube_config(tmp_path, monkeypatch):
+    """KubeSpawner loads a kubeconfig when it is made (it connects only when used): one that
+    points nowhere, and the client's global configuration as it was afterwards."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(OFFLINE_KUBECONFIG)
+    # read from KUBECONFIG when kubernetes_asyncio is imported, so set where it was kept
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    saved = Configuration.get_default_copy()
+    clients.load_config.cache_clear()
+    yield
+    clients.load_config.cache_clear()
+    Configuration.set_default(saved)
+
+
+def configured_spawner(gpus: tuple[GpuShare, ...]) -> GPUKubeSpawner:
+    user = type("User", (), {})()
+    user.name = user.escaped_name = "alice"
+    user.id, user.url, user.server, user.settings = 1, "/user/alice/", Server(), {}
+    spawner = GPUKubeSpawner(
+        _mock=True, user=user, hub=Hub(), environment={"NVIDIA_VISIBLE_DEVICES": "all"}
+    )
+    spawner.api_token = "unused"
+    request = Request(
+        id="alice/",
+        owner="alice",
+        num_gpu=len(gpus),
+        gpu_milli=0,
+        gpu_models=frozenset(),
+        priority="on-demand",
+    )
+    spawner.gpulab_placement = Placement(request=request, node="n", gpus=gpus, created_at=0.0)
+    return spawner
+
+
+async def test_the_spawner_drops_a_configured_all_from_a_gpu_servers_env(offline_kube_config):
+    spawner = configured_spawner((GpuShare("n/gpu-0", 1000),))
+    assert "NVIDIA_VISIBLE_DEVICES" not in spawner.get_env()
+
+
+async def test_the_spawner_replaces_a_configured_all_with_void_for_a_cpu_server(
+    offline_kube_config,
+):
+    spawner = configured_spawner(())
+    assert spawner.get_env()["NVIDIA_VISIBLE_DEVICES"] == "void"
