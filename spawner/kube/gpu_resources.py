@@ -42,6 +42,14 @@ from gpulab.spawner.names import (
 MIG, HAMI, TIME_SLICING = "mig", "hami", "time-slicing"
 SHARING_BACKENDS = (MIG, HAMI, TIME_SLICING)
 
+#: The variable by which NVIDIA's container runtime decides which GPUs a container gets
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+#: NVIDIA's container toolkit: `void` (or empty, or unset) gives a container no GPU and no driver
+#: (as runc would); `none` would still mount the driver's libraries and tools, which a CPU-only
+#: server has no use for
+NO_DEVICES = "void"
+
+
 ISOLATION = {
     "whole": "Exclusive: whole GPUs, yours alone while the server runs.",
     MIG: "MIG slice: hardware-isolated memory, compute and fault domain on a shared GPU.",
@@ -186,7 +194,7 @@ def share_environment(
     if not taken_milli:
         return {
             GPU_ENFORCEMENT_ENV: CPU_ONLY,
-            "NVIDIA_VISIBLE_DEVICES": "void",
+            VISIBLE_DEVICES_ENV: NO_DEVICES,
             "CUDA_VISIBLE_DEVICES": "",
         }
     env = {
@@ -207,6 +215,32 @@ def share_environment(
         }
     )
     return env
+
+
+def container_device_environment(env: Mapping[str, str], *, holds_gpus: bool) -> dict[str, str]:
+    """A server container's environment with its GPU visibility decided by the placement alone,
+    whatever the image or the spawner's `environment` config say.
+
+    An image may bake in `ENV NVIDIA_VISIBLE_DEVICES=all` (jupyter/docker-stacks' CUDA images
+    do), and on a node whose default runtime is NVIDIA's that gives every GPU of the node to a
+    container that asked for none. The runtime layers a container's environment: the image's ENV,
+    then the device plugin's Allocate answer, then the pod spec's env (kubelet appends the pod's
+    variables after the plugin's), each replacing the one before. So:
+    - a pod that holds GPUs never names NVIDIA_VISIBLE_DEVICES in its spec: the device plugin's
+      value, exactly the devices it allocated for the resources the placement requested (whole
+      GPUs, a MIG instance, a HAMi or time-slicing share), replaces the image's; a value in the
+      spec (`c.GPUKubeSpawner.environment`, say) would replace the plugin's and widen the share.
+      gpulab cannot name the devices itself: Kubernetes does not tell it which physical GPU the
+      plugin picks (see `nodes.node_from_k8s`);
+    - a CPU-only pod gets `void`: no device plugin answers for it, so without it the image's
+      value would stand.
+    """
+    out = dict(env)
+    if holds_gpus:
+        out.pop(VISIBLE_DEVICES_ENV, None)
+    else:
+        out[VISIBLE_DEVICES_ENV] = NO_DEVICES
+    return out
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,14 @@ from gpulab.hub.inventory import KNOWN_MODELS
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
 from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
-from gpulab.spawner.kube.gpu_resources import ISOLATION, SHARING_BACKENDS, PlacedPod, placed_pod
+from gpulab.spawner.kube.gpu_resources import (
+    ISOLATION,
+    SHARING_BACKENDS,
+    VISIBLE_DEVICES_ENV,
+    PlacedPod,
+    container_device_environment,
+    placed_pod,
+)
 from gpulab.spawner.kube.isolation import KubeIsolationMixin
 from gpulab.spawner.kube.objects import (
     placement_annotation,
@@ -339,7 +346,20 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
     def get_env(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_env()
         env.update(self.workspace_env(env))
-        return env
+        if self.profile_list:
+            return env  # plain KubeSpawner: its profiles say what a pod sees
+        # last, over the `environment` config: the placement alone decides the devices
+        placement = self.gpulab_placement
+        holds_gpus = placement is not None and bool(placement.gpus)
+        if holds_gpus and VISIBLE_DEVICES_ENV in env:
+            self.log.warning(
+                "Ignoring %s=%r in %s's environment: the device plugin names the devices of "
+                "the share",
+                VISIBLE_DEVICES_ENV,
+                env[VISIBLE_DEVICES_ENV],
+                self._log_name,
+            )
+        return container_device_environment(env, holds_gpus=holds_gpus)
 
     def get_args(self) -> list[str]:
         return [*super().get_args(), *self.workspace_args()]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from gpulab.spawner.environment import (
     CAPS_HOOK_DIR,
     AssignedGPU,
@@ -129,3 +131,26 @@ def test_a_mig_instance_is_handed_out_by_its_uuid_and_enforced_by_the_hardware()
     # MPS on the machine changes nothing for a MIG instance
     _, with_mps = gpu_environment([instance], mps_pipe_directory="/run/mps")
     assert with_mps.mechanism == "mig"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "visible"),
+    [
+        pytest.param(
+            [AssignedGPU("GPU-a", "A100", A100, 1000), AssignedGPU("GPU-b", "A100", A100, 1000)],
+            "GPU-a,GPU-b",
+            id="whole",
+        ),
+        pytest.param([AssignedGPU("GPU-a", "A100", A100, 250)], "GPU-a", id="fractional"),
+        pytest.param(
+            [AssignedGPU("MIG-a", "A100", 20480, 250, mig_profile="2g.20gb")], "MIG-a", id="mig"
+        ),
+        pytest.param([], "void", id="cpu"),
+    ],
+)
+def test_the_placement_names_exactly_the_visible_devices_over_an_inherited_all(gpus, visible):
+    # GPULocalSpawner.get_env lays the placement's variables over the configured environment
+    # (which may carry the hub's own NVIDIA_VISIBLE_DEVICES=all): the placement always sets it
+    env = {"NVIDIA_VISIBLE_DEVICES": "all"}
+    env.update(gpu_environment(gpus)[0])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == visible
