@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from . import clusterdns, podenv, podsecurity, podvolumes
+from . import clusterdns, pause, podenv, podsecurity, podvolumes
 from .kube import log, now, raw, status_of
 from .podstate import ContainerState, PodState
 from .runtime import ContainerProcess, StartError
@@ -140,10 +140,15 @@ class ContainerRunner(PodState):
         )
         cs.env.update(self.node.devices.allocate(f"{self.uid}/{cs.name}", cs.spec))
         argv = podenv.container_argv(cs.spec, cs.env)
+        if not argv and pause.is_pause_image(cs.spec.get("image") or ""):
+            # the one image whose entrypoint the agent knows: a pause image only waits to be
+            # stopped (GPU placeholders hold their resources with it)
+            argv = pause.argv()
         if not argv:
             raise StartError(
                 "no command: the gpulab node agent runs the container's command + args on the host "
-                "(an image's entrypoint is not available); set command or args"
+                "(an image's entrypoint is not available, except a pause image's); set command or "
+                "args"
             )
         mounts = []
         for vm in cs.spec.get("volumeMounts") or []:

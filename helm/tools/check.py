@@ -10,8 +10,12 @@ schema), and prints as its last line
 
     lint_warnings=<n> schema_errors=<n> validated_versions=<list> install_ready_s=<x> spawn_ok=<0|1>
 
-The install onto the dev cluster and a spawn through it are not built yet (issue 19): until they
-are, the line says install_ready_s=nan spawn_ok=0. tests/helm asserts the same things one by one.
+then, where the dev cluster can run (root, gpulab.devcluster installed), installs the chart onto
+a fresh one and spawns a GPU server through the installed hub (helm/tools/install.py):
+install_ready_s is the seconds from the install call to the hub answering /hub/api through the
+proxy's public Service, spawn_ok 1 when the server was ready. Elsewhere, or with --no-install,
+the line says install_ready_s=nan spawn_ok=0 and stderr says why. tests/helm asserts the same
+things one by one (the install in tests/helm/test_install.py, a `kube` test).
 
 Schemas: kubernetes-validate's current release carries Kubernetes 1.25 and later; the dev
 cluster's 1.20 comes from the same project's 1.28.0 release, which `bash .ci/dev setup` unpacks
@@ -250,7 +254,30 @@ def schema_errors(objects: Iterable[dict[str, Any]], version: str) -> tuple[list
     return errors, unvalidated
 
 
-def measure(out: Any = sys.stderr) -> dict[str, Any]:
+def install_tool() -> Any:
+    """helm/tools/install.py (a script beside this one, loaded by path as tests/helm does)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gpulab_chart_install", Path(__file__).with_name("install.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def install_figures(out: Any = sys.stderr) -> dict[str, Any]:
+    """install_ready_s and spawn_ok on a fresh dev cluster; nan and 0 where none can run."""
+    tool = install_tool()
+    why = tool.can_run_dev_cluster()
+    if why:
+        print(f"install not measured: {why}", file=out)
+        return {"install_ready_s": float("nan"), "spawn_ok": 0}
+    return {**tool.measure(out), "install_attempted": True}
+
+
+def measure(out: Any = sys.stderr, *, with_install: bool = True) -> dict[str, Any]:
     """Every check of this module, its findings written to `out`, its figures returned."""
     versions = validated_versions()
     warnings: list[str] = []
@@ -270,14 +297,19 @@ def measure(out: Any = sys.stderr) -> dict[str, Any]:
         print(line, file=out)
     for kind in sorted(unvalidated):
         print(f"not validated (no schema for its kind): {kind}", file=out)
-    return {
+    figures: dict[str, Any] = {
         "lint_warnings": len(warnings),
         "schema_errors": len(errors),
         "validated_versions": versions,
-        # not built yet: the install onto the dev cluster and a spawn through it (issue 19)
         "install_ready_s": float("nan"),
         "spawn_ok": 0,
     }
+    figures["install_attempted"] = False
+    if with_install:
+        figures.update(install_figures(out))
+    else:
+        print("install not measured: --no-install", file=out)
+    return figures
 
 
 def summary_line(figures: dict[str, Any]) -> str:
@@ -289,13 +321,21 @@ def summary_line(figures: dict[str, Any]) -> str:
 
 
 def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--no-install", action="store_true", help="the checks without a cluster only"
+    )
+    args = parser.parse_args()
     try:
-        figures = measure()
+        figures = measure(with_install=not args.no_install)
     except ChartError as e:
         print(f"chart check: {e}", file=sys.stderr)
         return 2
     print(summary_line(figures))
-    return 1 if figures["lint_warnings"] or figures["schema_errors"] else 0
+    failed_install = figures["install_attempted"] and not figures["spawn_ok"]
+    return 1 if figures["lint_warnings"] or figures["schema_errors"] or failed_install else 0
 
 
 if __name__ == "__main__":

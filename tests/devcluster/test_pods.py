@@ -99,6 +99,28 @@ def test_missing_command_fails_the_pod_with_an_event(kube: Kube) -> None:
     assert "executable file not found" in event["message"]
 
 
+def test_a_pause_image_without_command_sleeps_until_stopped(kube: Kube) -> None:
+    """A GPU placeholder's container (a pause image, no command) runs as a pause container
+    would: it keeps running and ready until deleted (its exit on SIGTERM: test_units); any other
+    image without a command still fails to start (the agent knows no other image's entrypoint)."""
+    name = kube.name("pause")
+    manifest = pod_manifest(name, [], image="registry.k8s.io/pause:3.9", restart="Always")
+    del manifest["spec"]["containers"][0]["command"]
+    kube.create_pod(manifest)
+    pod = kube.wait_ready(name)
+    assert "running" in container_state(pod)
+    kube.delete_pod(name)
+    kube.wait_gone(name)
+
+    other = kube.name("nocmd-image")
+    manifest = pod_manifest(other, [], image="python:3.11")
+    del manifest["spec"]["containers"][0]["command"]
+    kube.create_pod(manifest)
+    term = container_state(kube.wait_phase(other, "Failed"))["terminated"]
+    assert term["reason"] == "StartError"
+    assert "no command" in term["message"]
+
+
 def test_restart_policy_on_failure_restarts_the_container(kube: Kube, tmp_path: Path) -> None:
     name = kube.name("retry")
     counter = tmp_path / "runs"

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
+
 import pytest
 
 from gpulab.devcluster import NodeSpec
+from gpulab.devcluster.agent import pause
 from gpulab.devcluster.agent.devices import Devices
 from gpulab.devcluster.agent.netpolicy import PodNet, compile_ruleset, pod_to_pod
 from gpulab.devcluster.agent.podenv import (
@@ -266,3 +271,41 @@ def test_the_ruleset_knows_pods_by_address_and_refuses_what_no_rule_allows() -> 
     assert "ip saddr 10.200.1.2 accept" in to_client  # CLIENT is open to all
     assert to_client.rstrip().endswith("accept")
     assert "masquerade" not in text  # this machine's table does (podnet.host_table)
+
+
+@pytest.mark.parametrize(
+    ("image", "is_pause"),
+    [
+        ("registry.k8s.io/pause:3.9", True),
+        ("k8s.gcr.io/pause", True),
+        ("gcr.io/google_containers/pause-amd64:3.1", True),
+        ("registry.k8s.io/pause@sha256:" + "0" * 64, True),
+        ("ghcr.io/gpulab/gpulab-singleuser:0.1.0", False),
+        ("example.org/pauses:1", False),
+        ("localhost:5000/pause", True),
+    ],
+)
+def test_pause_images_are_recognised_by_repository_name(image: str, is_pause: bool) -> None:
+    assert pause.is_pause_image(image) is is_pause
+
+
+def _catches(pid: int, signum: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(caught & (1 << (signum - 1)))
+
+
+def test_the_pause_command_sleeps_until_sigterm_and_exits_0() -> None:
+    proc = subprocess.Popen(pause.argv())
+    try:
+        # SIGTERM only once its handler is in place (SigCgt: the signals it catches)
+        deadline = time.monotonic() + 30
+        while not _catches(proc.pid, signal.SIGTERM):
+            assert proc.poll() is None, "pause exited before it was told to"
+            assert time.monotonic() < deadline, "pause never installed its SIGTERM handler"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()

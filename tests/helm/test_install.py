@@ -1,0 +1,156 @@
+"""The chart on a real API server (the dev cluster's Kubernetes 1.20, a cluster of this module's
+own: the chart's PriorityClasses and ClusterRoles are cluster-wide, and Helm refuses to adopt
+objects another test made): the rendered manifests pass a server-side dry run, and a release is
+installed through the Helm engine, serves a GPU server, is upgraded to a later chart version
+with other values, and is uninstalled (helm/tools/install.py does each step)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from gpulab.devcluster import DevCluster, NodeSpec
+from tests.helm.conftest import find, load_tool
+
+# gpu-1's server and the placeholder that holds a GPU for the next one
+NODES = [NodeSpec("gpu-0", gpus=8)]
+
+
+@pytest.fixture(scope="module")
+def install_tool() -> ModuleType:
+    return load_tool("install")
+
+
+@pytest.fixture(scope="module")
+def cluster(make_dev_cluster: Callable[..., DevCluster]) -> DevCluster:
+    return make_dev_cluster(NODES, "chart-cluster")
+
+
+@pytest.fixture
+def namespace(cluster: DevCluster) -> Iterator[str]:
+    name = f"chart-{uuid.uuid4().hex[:6]}"
+    cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    cluster.api("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.mark.parametrize("values", ["default", "lint-values"])
+def test_the_api_server_accepts_every_rendered_object_in_a_server_side_dry_run(
+    cluster: DevCluster,
+    namespace: str,
+    install_tool: ModuleType,
+    default_objects: list[dict[str, Any]],
+    all_options_objects: list[dict[str, Any]],
+    values: str,
+) -> None:
+    objects = default_objects if values == "default" else all_options_objects
+    assert install_tool.server_dry_run(cluster, objects, namespace) == []
+
+
+def test_the_dry_run_reports_what_the_api_server_refuses(
+    cluster: DevCluster, namespace: str, install_tool: ModuleType, default_objects: list[Any]
+) -> None:
+    """The dry run is the API server's judgement: a Service without ports is refused by its
+    validation (which the chart's schema checks do not run)."""
+    (service,) = find(default_objects, "Service", "gpulab-hub")
+    broken = {**service, "spec": {**service["spec"], "ports": []}}
+    (error,) = install_tool.server_dry_run(cluster, [broken], namespace)
+    assert error.startswith("Service/gpulab-hub: 422") and "spec.ports" in error
+
+
+def test_install_spawn_upgrade_and_uninstall(
+    cluster: DevCluster, install_tool: ModuleType, tmp_path: Path
+) -> None:
+    tool = install_tool
+    ns = tool.NAMESPACE
+    token = secrets.token_hex(16)
+    version = tool.chart_version()
+    with tool.helm(cluster) as helm:
+        # install: the hub answers its REST API through the proxy's public Service
+        started = time.monotonic()
+        release = tool.install(helm, tool.CHART, tool.check_values(token))
+        assert release["status"] == "deployed" and release["chart_version"] == version
+        hub = tool.Hub(cluster, token)
+        hub.wait()
+        print(f"install_ready_s={time.monotonic() - started:.1f}")
+
+        # the placeholder (a pause image, no command) runs and holds the profile's GPU
+        (placeholder,) = tool.wait_for(
+            "the gpu-1 placeholder to be ready",
+            lambda: [p for p in tool.pods(cluster, "component=gpu-placeholder") if tool.ready(p)],
+            60,
+        )
+        limits = placeholder["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == "1"
+
+        # a GPU server through the installed hub: ready, answering through the proxy, its pod
+        # holding a GPU and prefixed with the home preparation (singleuser.cmd)
+        started = time.monotonic()
+        server = hub.spawn(tool.USER, tool.GPU_PROFILE)
+        print(f"spawn_s={time.monotonic() - started:.1f}")
+        assert server["ready"] and server["user_options"]["profile"] == tool.GPU_PROFILE
+        (pod,) = tool.pods(cluster, "component=singleuser-server")
+        container = pod["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        args = container["args"]
+        assert "gpulab.spawner.singleuser.checkpoint.prepare" in args[: args.index("--")]
+        assert args[args.index("--") + 1] == "jupyterhub-singleuser"
+
+        # upgrade to a later chart version with other values: the secrets kept by `lookup`
+        # survive, the hub restarts (its config changed) and finds the user and her server
+        secret = tool.hub_secret(cluster)
+        (old_hub,) = tool.pods(cluster, "component=hub")
+        later = tool.next_patch(version)
+        upgraded = tool.upgrade(
+            helm,
+            tool.chart_copy(later, tmp_path),
+            tool.check_values(token, gpulab={"cullIdleSeconds": 7200}),
+        )
+        assert upgraded["revision"] == 2 and upgraded["chart_version"] == later
+        new_hub = tool.wait_for(
+            "a new hub pod to be ready",
+            lambda: [
+                p
+                for p in tool.pods(cluster, "component=hub")
+                if p["metadata"]["uid"] != old_hub["metadata"]["uid"] and tool.ready(p)
+            ],
+            tool.HUB_TIMEOUT,
+        )
+        assert new_hub[0]["metadata"]["labels"]["chart"] == f"gpulab-{later}"
+        hub.wait()
+        assert tool.hub_secret(cluster) == secret
+        after = hub.server(tool.USER)
+        assert after is not None and after["ready"] and after["started"] == server["started"]
+        hub.request("GET", f"/user/{tool.USER}/api/status")
+
+        # uninstall: the user's server stopped first (the spawner's objects are not the
+        # release's), then nothing of the release is left but the hub's claim, which the
+        # chart keeps (helm.sh/resource-policy: keep) with the hub's database
+        hub.stop(tool.USER)
+        manifest = tool.manifests_of(upgraded)
+        helm.uninstall(tool.RELEASE, wait="watcher", timeout=120)
+        left = tool.wait_for(
+            "the release's objects to be deleted",
+            lambda: (
+                (rest := tool.leftovers(cluster, manifest, ns))
+                == ["PersistentVolumeClaim/gpulab-hub"]
+                and rest
+            ),
+            60,
+        )
+        assert left == ["PersistentVolumeClaim/gpulab-hub"]
+        assert tool.release_records(cluster) == []
+        # the Deployments' pods go after them (the garbage collector, then their grace period)
+        tool.wait_for(
+            "the release's pods to be gone",
+            lambda: tool.pods(cluster, "release=gpulab") == [],
+            60,
+        )
+    cluster.api("DELETE", f"/api/v1/namespaces/{ns}")
