@@ -54,7 +54,7 @@ def test_the_operator_runs_through_gpulabs_entry_point_with_the_hubs_image(
     (hub,) = find(objects, "Deployment", "gpulab-hub")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["command"] == ["python3", "-m", "gpulab.spawner.kube.dask_operator", "run"]
+    assert container["args"] == ["python3", "-m", "gpulab.spawner.kube.dask_operator", "run"]
     assert container["image"] == hub["spec"]["template"]["spec"]["containers"][0]["image"]
     assert pod["serviceAccountName"] == OPERATOR
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -110,7 +110,7 @@ def test_a_hook_job_creates_the_crds_with_gpulabs_installer_and_only_those_right
     objects = by_component(check.manifests(check.render(dask_values(install=True))), "dask-crds")
     (job,) = find(objects, "Job", CRDS)
     (container,) = job["spec"]["template"]["spec"]["containers"]
-    assert container["command"][-2:] == ["gpulab.spawner.kube.dask_operator", "install-crds"]
+    assert container["args"][-2:] == ["gpulab.spawner.kube.dask_operator", "install-crds"]
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
     def hook(o: dict[str, Any]) -> tuple[str, int]:

@@ -17,10 +17,15 @@ from typing import Any
 import pytest
 
 from gpulab.devcluster import DevCluster, NodeSpec
+from gpulab.spawner.kube.dask_operator import CRD_NAMES
 from tests.helm.conftest import find, load_tool
 
 # gpu-1's server and the placeholder that holds a GPU for the next one
 NODES = [NodeSpec("gpu-0", gpus=8)]
+
+
+#: the dask-kubernetes operator's CRDs (created by the chart's hook Job once Dask is on)
+DASK_CRDS = [f"{name}s.kubernetes.dask.org" for name in CRD_NAMES]
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +116,24 @@ def test_install_spawn_upgrade_and_uninstall(
         upgraded = tool.upgrade(
             helm,
             tool.chart_copy(later, tmp_path),
-            tool.check_values(token, gpulab={"cullIdleSeconds": 7200}),
+            # and Dask on: the pre-upgrade hook Job creates the operator's CRDs, then the
+            # operator runs (both from the hub's image, through gpulab's entry point)
+            tool.check_values(token, gpulab={"cullIdleSeconds": 7200, "dask": {"enabled": True}}),
         )
         assert upgraded["revision"] == 2 and upgraded["chart_version"] == later
+        for crd in DASK_CRDS:
+            found = cluster.api(
+                "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
+            )
+            conditions = {c["type"]: c["status"] for c in found["status"]["conditions"]}
+            assert conditions["Established"] == "True", crd
+        # the hook's account and rights went with it once it succeeded
+        assert tool.pods(cluster, "component=dask-crds") == []
+        tool.wait_for(
+            "the Dask operator to be ready",
+            lambda: [p for p in tool.pods(cluster, "component=dask-operator") if tool.ready(p)],
+            tool.HUB_TIMEOUT,
+        )
         new_hub = tool.wait_for(
             "a new hub pod to be ready",
             lambda: [
@@ -146,6 +166,9 @@ def test_install_spawn_upgrade_and_uninstall(
             60,
         )
         assert left == ["PersistentVolumeClaim/gpulab-hub"]
+        # the Dask CRDs stay (deleting them would delete every user's Dask cluster)
+        crds = cluster.api("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+        assert set(DASK_CRDS) <= {c["metadata"]["name"] for c in crds["items"]}
         assert tool.release_records(cluster) == []
         # the Deployments' pods go after them (the garbage collector, then their grace period)
         tool.wait_for(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.helm.conftest import find, load_tool
+from tests.helm.conftest import REPO, find, load_tool
 
 VERSIONS = load_tool("check").validated_versions()
 
@@ -100,7 +100,7 @@ def test_the_hub_runs_gpulabs_config_from_its_configmap(
 ) -> None:
     hub = find(default_objects, "Deployment", "gpulab-hub")[0]["spec"]["template"]["spec"]
     container = hub["containers"][0]
-    assert container["command"] == ["jupyterhub", "-f", "/etc/gpulab/jupyterhub_config.py"]
+    assert container["args"] == ["jupyterhub", "-f", "/etc/gpulab/jupyterhub_config.py"]
     assert {"name": "config", "mountPath": "/etc/gpulab", "readOnly": True} in container[
         "volumeMounts"
     ]
@@ -152,3 +152,23 @@ def test_a_key_named_twice_in_a_template_is_an_error(check: ModuleType) -> None:
     rendered = {"t/a.yaml": "kind: Pod\nspec:\n  tolerations: []\n  tolerations: [{}]\n"}
     with pytest.raises(check.DuplicateKey, match="tolerations"):
         check.manifests(rendered)
+
+
+def test_no_container_of_gpulabs_images_replaces_their_entrypoint(
+    check: ModuleType, all_options_objects: list[dict[str, Any]]
+) -> None:
+    """The hub image's ENTRYPOINT is tini (reaping the hub's and the operator's children,
+    passing on SIGTERM); a container `command` would replace it, so gpulab's containers give
+    `args` only."""
+    dockerfile = (REPO / "images" / "hub" / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["tini", "--"]' in dockerfile
+    hub_image = check.lint_values()["hub"]["image"]["name"]
+    pods = [
+        o["spec"]["template"]["spec"]
+        for o in all_options_objects
+        if o["kind"] in ("Deployment", "Job")
+    ]
+    mine = [c for pod in pods for c in pod["containers"] if c["image"].startswith(hub_image)]
+    assert len(mine) == 3  # the hub, the Dask operator, the Dask CRDs' hook Job
+    assert [c["name"] for c in mine if "command" in c] == []
+    assert all(c["args"] for c in mine)
