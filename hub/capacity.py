@@ -618,10 +618,6 @@ class GPUCapacity(SingletonConfigurable):
         culler, a budget or an admin's preemption: the GPU-hour ledger records it)."""
         self._end_reasons[allocation_id] = reason
 
-    def forget_end_reason(self, allocation_id: str) -> None:
-        """The stop `note_end_reason` announced did not happen (the server was still starting)."""
-        self._end_reasons.pop(allocation_id, None)
-
     async def release(self, allocation_id: str, reason: str | None = None) -> Placement | None:
         noted = self._end_reasons.pop(allocation_id, None)
         why = reason or noted or "released"

@@ -45,9 +45,13 @@ async def admission_loop(
             await asyncio.wait_for(wake.wait(), interval_seconds)
 
 
-async def stop_server(app: Any, user: Any, name: str) -> bool:
+async def stop_server(
+    app: Any, user: Any, name: str, before_stop: Callable[[], None] | None = None
+) -> bool:
     """Stop a server as JupyterHub's API does (`BaseHandler.stop_single_user`): off the proxy,
-    then `user.stop`, which runs the spawner's stop and post-stop hook.
+    then `user.stop`, which runs the spawner's stop and post-stop hook. `before_stop` runs once
+    the stop is certain, before anything async (the caller notes why the share ends, for the
+    GPU-hour ledger).
 
     A server with a start (or stop) still pending is left alone and False returned: stopping
     under JupyterHub's pending spawn makes the start's request fail with a 500 (its spawn future
@@ -56,6 +60,8 @@ async def stop_server(app: Any, user: Any, name: str) -> bool:
     spawner = user.spawners[name]
     if spawner.pending:
         return False
+    if before_stop is not None:
+        before_stop()
     spawner._stop_pending = True  # before anything async, as JupyterHub does: no race with a start
     try:
         await app.proxy.delete_user(user, name)

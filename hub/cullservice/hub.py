@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter, deque
@@ -435,9 +436,10 @@ class GPUCuller(SingletonConfigurable):
                     label,
                 )
             # the GPU-hour ledger records the share as culled, not as an ordinary release
-            capacity.note_end_reason(server.placement.request.id, CULLED)
-            if not await stop_server(app, user, spawner.name):
-                capacity.forget_end_reason(server.placement.request.id)
+            culled = functools.partial(
+                capacity.note_end_reason, server.placement.request.id, CULLED
+            )
+            if not await stop_server(app, user, spawner.name, before_stop=culled):
                 self.log.info("gpulab culling: %s is starting or stopping; not culled", label)
                 return
             if cpu is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from pathlib import Path
@@ -287,13 +288,6 @@ class GPULedger(SingletonConfigurable):
                 if budget.state == EXHAUSTED and self.stop_when_exhausted:
                     await self._stop_gpu_work(capacity, app, user, budget)
 
-    @staticmethod
-    async def _stop_server(
-        capacity: GPUCapacity, app: Any, user: Any, name: str, allocation_id: str
-    ) -> None:
-        if not await stop_server(app, user, name):  # started stopping meanwhile: next check
-            capacity.forget_end_reason(allocation_id)
-
     async def _stop_gpu_work(
         self, capacity: GPUCapacity, app: Any, user: str, budget: Budget
     ) -> None:
@@ -316,10 +310,14 @@ class GPULedger(SingletonConfigurable):
                     and spawner.ready  # a pending start is stopped on the next check
                 ):
                     log.warning("gpulab: stopping %s/%s: %s", user, name, reason)
-                    capacity.note_end_reason(placement.request.id, BUDGET)
+                    # the ledger records the share as ended by the budget, once the stop is
+                    # certain (a server that began stopping meanwhile is left to the next check)
+                    noted = functools.partial(
+                        capacity.note_end_reason, placement.request.id, BUDGET
+                    )
                     # in the background: a stop takes seconds, and the ledger's writes go on
                     stop = asyncio.ensure_future(
-                        self._stop_server(capacity, app, hub_user, name, placement.request.id)
+                        stop_server(app, hub_user, name, before_stop=noted)
                     )
                     self._stopping.add(stop)
                     stop.add_done_callback(self._stopping.discard)

@@ -6,6 +6,7 @@ what a server of their profile asks for, and the catalog is gpulab's default one
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -29,10 +30,15 @@ from tests.helm.conftest import find
 
 
 def hub_config(objects: list[dict[str, Any]], folder: Path, env: dict[str, str]) -> Config:
-    """The hub's config as JupyterHub loads it from the rendered ConfigMap (apply(c) included)."""
+    """The hub's config as JupyterHub loads it from the rendered ConfigMap and the extra config
+    snippets of the hub's Secret, as the hub's projected volume puts them (apply(c) included)."""
     (configmap,) = find(objects, "ConfigMap")
     for name, text in configmap["data"].items():
         (folder / name).write_text(text)
+    (secret,) = find(objects, "Secret")
+    for name, encoded in secret["data"].items():
+        if name.startswith("extra-config-"):
+            (folder / name).write_text(base64.b64decode(encoded).decode())
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             patch.setenv(key, value)
@@ -94,6 +100,15 @@ def test_postgresql_and_extra_config_reach_the_hub(check: ModuleType, tmp_path: 
     assert c.JupyterHub.db_url == "postgresql+psycopg://gpulab:pw@db:5432/gpulab"
     assert c.GPUJobs.db_url == c.GPUDask.db_url == c.GPULedger.db_url == url
     assert c.JupyterHub.template_vars == {"announcement": "hi"}
+    # the snippet is in the Secret only, and the hub's config volume projects it from there
+    (configmap,) = find(objects, "ConfigMap")
+    assert "announcement" not in str(configmap["data"])
+    (hub,) = find(objects, "Deployment", "gpulab-hub")
+    (volume,) = [v for v in hub["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+    (from_secret,) = [s["secret"] for s in volume["projected"]["sources"] if "secret" in s]
+    assert from_secret["items"] == [
+        {"key": "extra-config-10-banner.py", "path": "extra-config-10-banner.py"}
+    ]
 
 
 @pytest.mark.parametrize("values_name", ["default", "all options"])

@@ -1,6 +1,7 @@
 """`hub_service.stop_server`, the stop the culler and the budget enforcer share: a server whose
 start is still pending is left alone (JupyterHub's pending spawn fails with a 500 when its server
-is stopped under it), a ready one goes off the proxy first and then stops."""
+is stopped under it, and its caller's `before_stop` does not run), a ready one goes off the proxy
+first and then stops."""
 
 from __future__ import annotations
 
@@ -46,14 +47,16 @@ def _stop(pending: str | None) -> tuple[bool, list[str], _Spawner]:
     calls: list[str] = []
     spawner = _Spawner(pending)
     user = _User(spawner, calls)
-    stopped = asyncio.run(stop_server(_App(_Proxy(calls, spawner)), user, ""))
+    app = _App(_Proxy(calls, spawner))
+    stopped = asyncio.run(stop_server(app, user, "", before_stop=lambda: calls.append("noted")))
     return stopped, calls, spawner
 
 
 def test_a_ready_server_goes_off_the_proxy_then_stops() -> None:
     stopped, calls, spawner = _stop(None)
     assert stopped
-    assert calls == ["proxy delete ''", "stop ''"]
+    # the caller's note (why the share ends) comes first, once the stop is certain
+    assert calls == ["noted", "proxy delete ''", "stop ''"]
     assert not spawner._stop_pending
 
 
