@@ -18,8 +18,13 @@ import socket
 
 #: below Linux's default ephemeral range (32768-60999), above the usual fixed service ports
 _FIRST_PORT = 20000
-_BLOCK = 1500
+_BLOCK = 1250
 _WORKER_BLOCKS = 8  # gw0 ... gw7; a process outside xdist takes the block after them
+#: one past the last port any block hands out; it must stay below the ephemeral range, or an
+#: outgoing connection takes a port between the check and the server's bind (the dev-cluster tests
+#: run outside xdist, and their block once reached 33499: a CI run's gpulab-metrics failed with
+#: "Address already in use" on a port the hub's own connections to pods had been handed)
+PORTS_END = _FIRST_PORT + (_WORKER_BLOCKS + 1) * _BLOCK
 
 
 def _block_start() -> int:
@@ -31,6 +36,16 @@ def _block_start() -> int:
 #: where in its block this process starts: two test runs at once on one machine (two checkouts)
 #: share worker names, so each starts somewhere else in the block; the bind check does the rest
 _next_offset = itertools.count(random.randrange(_BLOCK))
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for bind-to-0 and outgoing connections (Linux's default if unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+    except (OSError, ValueError):
+        return 32768, 60999
+    return int(low), int(high)
 
 
 def _is_free(host: str, port: int) -> bool:
