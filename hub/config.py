@@ -56,7 +56,7 @@ from gpulab.hub.jobservice.hub import GPUJobs
 from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.profiles import ProfileError
 from gpulab.hub.refusals import install_quiet_refusals
-from gpulab.hub.scopes import CUSTOM_SCOPES, DASK, USAGE
+from gpulab.hub.scopes import ALLOCATIONS_READ, CUSTOM_SCOPES, DASK, REPORT_GPU, USAGE
 from gpulab.spawner.names import (
     DEFAULT_PUSH_INTERVAL_SECONDS,
     LEDGER_DB_URL_ENV,
@@ -280,9 +280,10 @@ def add_services(c: Config, settings: GPULab) -> None:
         "oauth_no_confirm": True,
         "display": False,
     }
-    # which servers run (to refuse pushes for others and forget stopped ones); nothing that
-    # reaches a server (no access:servers) and no proxy: it never calls a server
-    _add_service(c, service, ["list:users", "read:users", "read:servers"])
+    # which servers run and which job runs and Dask workers hold a GPU (to refuse pushes for
+    # others and forget stopped ones); nothing that reaches a server (no access:servers) and no
+    # proxy: it never calls a server
+    _add_service(c, service, ["list:users", "read:users", "read:servers", ALLOCATIONS_READ])
     # Where each server pushes, and how often; neither is a secret: a push carries the server's
     # own token, worth only that server.
     push_url = settings.metrics_push_url or f"{url.rstrip('/')}/{PUSH_PATH.strip('/')}"
@@ -312,7 +313,9 @@ def add_dask(c: Config) -> None:
     kept alive (`Spawner.post_stop_hook`, after an admin's own hook)."""
     extra = list(c.JupyterHub.get("extra_user_scopes", []))
     # her own GPU-hours too (GET /hub/api/gpulab/users/{her}/usage): `!user` reaches no other
-    missing = [s for s in (f"{DASK}!user", f"{USAGE}!user") if s not in extra]
+    # and reports of her own workloads' GPU figures, which the hub narrows to one workload per
+    # token it issues (gpulab.hub.report_tokens): no server token holds it
+    missing = [s for s in (f"{DASK}!user", f"{USAGE}!user", f"{REPORT_GPU}!user") if s not in extra]
     if missing:
         c.JupyterHub.extra_user_scopes = [*extra, *missing]
     admins_hook = c.Spawner.get("post_stop_hook")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from jupyterhub.scopes import define_custom_scopes
 
+from gpulab.spawner.names import REPORT_GPU_SCOPE
+
 #: list every user's GPU allocations (GET /hub/api/gpulab/allocations); admins may already
 #: (admin:users): grant this to a service or a group that should read them and do nothing else
 ALLOCATIONS_READ = "custom:gpulab:allocations:read"
@@ -36,6 +38,12 @@ PREEMPT = "custom:gpulab:preempt"
 #: `!user` filter names the owner, so it reads no other tenant's figures.
 USAGE = "custom:gpulab:usage"
 
+#: report the GPU figures of one's own job run or Dask worker to gpulab-metrics. Granted as
+#: `custom:gpulab:report-gpu!user` through the `user` role only so that the hub may issue each
+#: workload a token of its owner narrowed to that one workload (`!server=<owner>/job-17`):
+#: JupyterHub gives a token no scope its owner lacks. It reads nothing and reaches no server.
+REPORT_GPU = REPORT_GPU_SCOPE
+
 #: every custom scope gpulab defines, as `c.JupyterHub.custom_scopes` takes them
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     ALLOCATIONS_READ: {
@@ -54,6 +62,10 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     },
     USAGE: {
         "description": "Read GPU-hours used and the GPU-hour budget left.",
+    },
+    REPORT_GPU: {
+        "description": "Report the GPU utilisation and memory of one's own job runs and Dask "
+        "workers to gpulab-metrics.",
     },
 }
 

@@ -21,6 +21,7 @@ from gpulab.spawner.names import (
     JOB_ATTEMPT_ENV,
     JOB_OUTPUT_DIR_ENV,
     JOB_RUN_ID_ENV,
+    REPORT_SPEC_KEY,
 )
 
 WRAPPER_MODULE = "gpulab.spawner.singleuser.jobwrapper"
@@ -57,10 +58,14 @@ def wrapper_spec(
     parameters: Mapping[str, JSONValue] | None = None,
     args: Sequence[str] = (),
     kernel_name: str = "python3",
+    report: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The JSON the wrapper runs: the folder to enter, the directories to make (as the user), the
     notebook's parameters file, and the job's argv (``python``: the interpreter of the machine or
-    image the job runs in). ``ValueError`` for a script that is neither ``.py`` nor ``.sh``."""
+    image the job runs in), and the run's GPU report (``report``: the hub's
+    ``ReportTokens.issue``; the spec reaches the wrapper privately, so its token never is in the
+    job's environment or command line). ``ValueError`` for a script that is neither ``.py`` nor
+    ``.sh``."""
     input_path = os.path.join(home, check_relative_path("path", path))
     out = run_output_dir(home, output_dir, run_id)
     spec: dict[str, Any] = {
@@ -89,4 +94,6 @@ def wrapper_spec(
         spec["argv"] = [python, input_path, *args]
     else:
         raise ValueError(f"a script must end in .py or .sh, got {path!r:.80}")
+    if report:
+        spec[REPORT_SPEC_KEY] = dict(report)
     return spec

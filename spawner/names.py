@@ -212,6 +212,49 @@ METRICS_CONFIG_ENV = "GPULAB_METRICS_CONFIG"
 #: in a server's environment: it may hold the database's password)
 LEDGER_DB_URL_ENV = "GPULAB_LEDGER_DB_URL"
 
+# --- GPU reports: job runs and Dask workers -> the gpulab-metrics service --------------------------
+# A job run or a Dask worker holds a GPU share but runs no JupyterLab, so no GPU monitor pushes for
+# it. The hub gives each one a report of its own (these variables and PUSH_INTERVAL_ENV, as a
+# mapping): where to
+# push, a token of the owner's worth only reporting for that one workload, the workload's name,
+# and how often. The job wrapper (its spec's REPORT_SPEC_KEY) and the Dask worker preload
+# (its environment) start `jupyterlab_gpulab.reporter` with it; the service accepts pushes for
+# <user>/<workload name> while the hub's allocator holds that allocation.
+
+#: The service's push URL, as PUSH_URL_ENV gives a server.
+REPORT_URL_ENV = "GPULAB_REPORT_URL"
+#: The workload's own token: `custom:gpulab:report-gpu!server=<owner>/<workload name>` only, revoked
+#: when the workload's share is given back. Never a server's token, and nothing more of the owner's.
+REPORT_TOKEN_ENV = "GPULAB_REPORT_TOKEN"
+#: The workload's name, the part of its allocation id after "<owner>/": "job-17", "dask-3-w2".
+REPORT_NAME_ENV = "GPULAB_REPORT_NAME"
+#: The workload's owner, the hub user it reports for (a pod's uid may have no name).
+REPORT_USER_ENV = "GPULAB_REPORT_USER"
+#: Where a job attempt's wrapper spec holds the report (a spec the hub hands over privately: a
+#: descriptor locally, the attempt's Secret on Kubernetes; never the job's environment).
+REPORT_SPEC_KEY = "gpu_report"
+#: The custom scope a report token holds (filtered to one workload): report GPU figures for it.
+REPORT_GPU_SCOPE = "custom:gpulab:report-gpu"
+
+
+def is_workload_name(name: str) -> bool:
+    """Whether `name` is a job run's ("job-<run id>") or a Dask worker's ("dask-<cluster>-w<n>")
+    part of an allocation id, the names gpulab-metrics takes reports for besides servers'. Named
+    servers may not take these names (their allocation ids would collide)."""
+    if name.startswith("job-"):
+        return name[4:].isdigit() and name[4:].isascii()
+    if not name.startswith("dask-"):
+        return False
+    cluster, sep, worker = name[5:].partition("-w")
+    return (
+        bool(sep)
+        and cluster.isascii()
+        and cluster.isdigit()
+        and worker.isascii()
+        and worker.isdigit()
+    )
+
+
 # --- Culling: a server's activity report -> the hub's GPUCuller ------------------------------------
 # The server extension (jupyterlab_gpulab/culling.py) reports its users' real input and its kernels'
 # execution states; the hub (gpulab.hub.apihandlers.culling) answers with the warning to show.

@@ -149,8 +149,8 @@ def describe_workload(
             }
         ),
         "ui_idle_seconds": ui_idle,
-        # whether anything measures its GPU use: job runs and Dask workers push no figures yet,
-        # so their live columns are null for that reason, not because their pushes went stale
+        # whether anything measures its GPU use: external pods push no figures, so their live
+        # columns are null for that reason, not because their pushes went stale
         "monitored": kind in MONITORED_WORKLOADS,
         **live_columns(placement, figures or {}, now.replace(tzinfo=timezone.utc).timestamp()),
         "events": events or [],
@@ -163,7 +163,7 @@ def live_columns(
     """The live columns of a workload from its slices' latest pushed figures (device uuid ->
     figure): mean utilisation, memory used, and GPU-idle = how long EVERY slice has stayed below
     the idle threshold (one busy or unknown slice: not idle). Null where a slice has no current
-    figure (job runs and Dask workers do not push; a server whose pushes went stale)."""
+    figure (an external pod, which does not push; a workload whose pushes went stale)."""
     found = [figures.get(share.uuid) for share in placement.gpus]
     present = [f for f in found if f is not None]
     if not placement.gpus or len(present) != len(found):
@@ -313,8 +313,8 @@ class AdminOverviewAPIHandler(_AdminHandler):
     One workload per allocation (see `workload_kind` for how servers, job runs and Dask workers
     are told apart, `describe_workload` for the fields). The live fields (`utilization`,
     `memory_used_mib`, `gpu_idle_seconds` and `live`) come from each server's latest push (via
-    gpulab-metrics and the ledger's live table, at most LIVE_MAX_AGE_SECONDS old); null for job
-    runs and Dask workers, which do not push. Filtering is the panel's, client-side; `?owner=` and `?kind=`
+    gpulab-metrics and the ledger's live table, at most LIVE_MAX_AGE_SECONDS old), or each job
+    run's or Dask worker's report; null while none is current. Filtering is the panel's, client-side; `?owner=` and `?kind=`
     narrow the list for other callers."""
 
     @needs_scope(ADMIN_READ, "admin:users")
@@ -338,7 +338,11 @@ class AdminOverviewAPIHandler(_AdminHandler):
                 continue
             held = servers.get(placement.request.id)
             record = self.server_record(*held) if kind == SERVER and held else None
-            figures = live.get((record.owner, record.name), {}) if record is not None else {}
+            if record is not None:
+                figures = live.get((record.owner, record.name), {})
+            else:  # a job run or Dask worker reports as "<owner>/<workload name>"
+                owner, _, name = placement.request.id.rpartition("/")
+                figures = live.get((owner, name), {})
             events = capacity.events_for(placement.request.id)
             row = describe_workload(placement, kind, gpus, record, now, events, figures)
             if record is not None:  # GPU-aware culling's latest decision for this server

@@ -15,6 +15,7 @@ from tornado import web
 
 from gpulab.hub.refusals import refusal, shown
 from gpulab.hub.workspaces import DEFAULT_HOME, Workspaces, keeps_workspaces
+from gpulab.spawner.names import is_workload_name
 
 
 def home_dir_name(spawner: Any) -> str:
@@ -57,9 +58,17 @@ def refuse_while_home_in_use(spawner: Any, action: str) -> None:
 
 def check_new_server_name(user: Any, server_name: str, renamed_from: str | None = None) -> None:
     """400 for a new named server whose home would be another server's: `default` (the default
-    server's home) or the kept home of a renamed server. Called before any record exists."""
+    server's home) or the kept home of a renamed server, or whose allocation id would be a job
+    run's or Dask worker's. Called before any record exists."""
     if server_name == DEFAULT_HOME:
         raise refusal(400, "The server name 'default' is reserved: it is the default server's home")
+    if is_workload_name(server_name):
+        # a server's allocation id is "<user>/<name>": it would be a job run's or Dask worker's
+        raise refusal(
+            400,
+            f"The server name {server_name!r} is reserved: names like job-<n> and dask-<n>-w<n>"
+            " are gpulab's job runs and Dask workers",
+        )
     owners = [
         s
         for s in servers_using_home(user, server_name, key=home_dir_name)

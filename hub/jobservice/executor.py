@@ -33,10 +33,18 @@ class JobOutcome(Protocol):
 class JobExecutor(Protocol):
     """Runs attempts of job runs (see the module docstring)."""
 
-    async def start(self, run: Run, spec: JobSpec, placement: Placement) -> Handle:
+    async def start(
+        self,
+        run: Run,
+        spec: JobSpec,
+        placement: Placement,
+        report: Mapping[str, str] | None = None,
+    ) -> Handle:
         """Start the run's current attempt on `placement` (its GPUs, its node) as the job's
         owner; returns its handle once the attempt runs. Raises on a start that failed, having
-        left nothing running."""
+        left nothing running. `report`: the attempt's GPU report (`gpulab.hub.report_tokens`),
+        handed to the job wrapper as privately as its spec (`wrapper_spec(report=...)`), never
+        in the job's environment; None: the hub runs no gpulab-metrics."""
 
     async def wait(self, handle: Handle) -> JobOutcome:
         """Return when the attempt has ended and nothing of it runs any more (its GPU share may be

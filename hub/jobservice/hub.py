@@ -20,6 +20,7 @@ from traitlets.config import SingletonConfigurable
 from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.hub_service import hub_started, wait_started
 from gpulab.hub.jobs import JobStore
+from gpulab.hub.report_tokens import ReportTokens
 
 from .executor import RunsJobs
 from .service import JobService, live_allocation_ids
@@ -99,11 +100,13 @@ class GPUJobs(SingletonConfigurable):
         executor = app.spawner_class.job_executor(
             runs_dir=str(runs), gpu_of=capacity.gpu_by_uuid, spawner_for=spawner_for
         )
+        reports = ReportTokens.of(app)
         service = JobService(
             self.store,
             capacity,
             executor,
             admission_interval_seconds=self.admission_interval_seconds,
+            report_for=reports.issue,
         )
         try:
             # the allocator reflects the inventory before the first submission is checked against
@@ -111,6 +114,7 @@ class GPUJobs(SingletonConfigurable):
             # placements are allocations again; a no-op for an inventory of this machine)
             await capacity.ready()
             await service.start()
+            reports.sweep()  # after recovery: runs that ended while the hub was away
         except Exception as e:
             self.log.exception("gpulab: GPU jobs could not start")
             self.unavailable = f"GPU jobs could not start: {e}"

@@ -34,7 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpulab.hub.allocator import AllocationError, NoCapacity, Placement, QuotaExceeded, Request
@@ -104,8 +104,12 @@ class JobService:
         *,
         clock: Callable[[], float] = time.time,
         admission_interval_seconds: float = 5.0,
+        report_for: Callable[[str], Mapping[str, str] | None] | None = None,
     ) -> None:
         self.store, self.capacity, self.executor, self.clock = store, capacity, executor, clock
+        #: an attempt's GPU report for its allocation id (the hub's `ReportTokens.issue`: a
+        #: token of its own, revoked when the share is given back); None: no reports
+        self.report_for = report_for
         self.admission_interval_seconds = admission_interval_seconds
         #: admission passes and starts one at a time: a cancel waits for a start in progress
         self._admitting = asyncio.Lock()
@@ -247,7 +251,8 @@ class JobService:
 
     async def _start(self, run: Run, spec: JobSpec, placement: Placement) -> Run | None:
         try:
-            handle = await self.executor.start(run, spec, placement)
+            report = self.report_for(allocation_id(run)) if self.report_for else None
+            handle = await self.executor.start(run, spec, placement, report)
         except Exception as e:  # the executor left nothing running (its contract)
             log.warning("job run %d could not start: %s", run.id, e)
             failed = await self._transition(run, Fail(self.clock(), reason=f"could not start: {e}"))

@@ -22,10 +22,11 @@ from typing import Any
 #: kinds of workload an interval can belong to; "external" is a GPU pod gpulab did not make
 WORKLOADS = ("server", "job", "dask", "external")
 #: the workloads whose GPU use is measured: a server's GPU monitor pushes its share's
-#: utilisation to gpulab-metrics. Job runs and Dask workers run no monitor yet and external pods
-#: none of ours, so their used and idle GPU-hours are unknown, and rollups count their allocated
-#: hours as "unmonitored" instead of calling all of them idle.
-MONITORED_WORKLOADS = ("server",)
+#: utilisation to gpulab-metrics, and so do a job run's wrapper and a Dask worker's preload (with
+#: the report token the hub issues each, gpulab.hub.report_tokens). External pods run nothing of
+#: ours, so their used and idle GPU-hours are unknown, and rollups count their allocated hours as
+#: "unmonitored" instead of calling all of them idle.
+MONITORED_WORKLOADS = ("server", "job", "dask")
 
 #: why an interval closed: released by its holder, preempted (for on-demand work, or by an
 #: admin), resized, gone (found missing without a release), its node lost, culled (GPU-aware

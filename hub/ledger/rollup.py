@@ -5,10 +5,9 @@ so four quarter shares held for an hour are 1.00 GPU-hour, not 0.9999. Used GPU-
 the GPU monitor's samples (utilisation x seconds between pushes, what the metrics service
 records per user, server, device and hour); they are capped per interval and hour at what was
 allocated, because a fractional share's device-wide figure includes its neighbours' work.
-Only intervals of monitored workloads (`MONITORED_WORKLOADS`: servers) have used and idle
-GPU-hours: the allocated hours of the others (job runs, Dask workers, external pods) are
-counted as unmonitored, since no figure says whether they used them. Idle = allocated -
-unmonitored - used.
+Only intervals of monitored workloads (`MONITORED_WORKLOADS`: servers, job runs, Dask workers)
+have used and idle GPU-hours: the allocated hours of the others (external pods) are counted as
+unmonitored, since no figure says whether they used them. Idle = allocated - unmonitored - used.
 
 Buckets are UTC calendar hours, days and months. A rollup by group counts an interval towards
 each of its owner's groups at grant time, so group rows may add up to more than the total.
@@ -176,10 +175,12 @@ def attribute_usage(
     intervals: list[Interval], usage: Iterable[UsageSample], since: int, until: int
 ) -> Iterator[tuple[UsageSample, Interval, float]]:
     """Each usage sample within [since, until), matched to the interval it was used under (same
-    user and device, overlapping its hour, a monitored workload's: the server's own allocation
-    "{user}/{server}" first, then the longest overlap), and capped at what that interval
-    allocated in that hour. A sample no interval matches (a device outside the ledger) is
-    dropped: used never exceeds allocated, nor lands on an unmonitored job's hours."""
+    user and device, overlapping its hour, a monitored workload's: the sample's own allocation
+    "{user}/{server}" first, then, among servers only, the longest overlap), and capped at what
+    that interval allocated in that hour. A job run's or Dask worker's interval takes only its
+    own samples (its report names it), never a server's on the same device. A sample no interval
+    matches (a device outside the ledger) is dropped: used never exceeds allocated, nor lands on
+    an unmonitored external pod's hours."""
     by_device: dict[tuple[str, str], list[Interval]] = defaultdict(list)
     for interval in intervals:
         if interval.holding.workload not in MONITORED_WORKLOADS:
@@ -196,6 +197,8 @@ def attribute_usage(
             if overlap <= 0:
                 continue
             own = int(interval.holding.allocation_id == f"{sample.user}/{sample.server}")
+            if not own and interval.holding.workload != "server":
+                continue
             if best is None or (own, overlap) > best[:2]:
                 best = (own, overlap, interval)
         if best is None:

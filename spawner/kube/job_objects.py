@@ -140,11 +140,18 @@ def _b64(text: str) -> str:
 
 
 def job_run_secret_manifest(
-    spec: JobSpec, *, run_id: int, attempt: int, priority: str, settings: KubeJobSettings
+    spec: JobSpec,
+    *,
+    run_id: int,
+    attempt: int,
+    priority: str,
+    settings: KubeJobSettings,
+    report: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The attempt's Secret (core/v1, immutable): the wrapper's spec under `spec.json` (argv,
-    folders, notebook parameters) and each of the user's variables under `env.<NAME>`. Create it
-    before the Job; give it the Job as owner with `secret_owner_patch` once the Job exists."""
+    folders, notebook parameters, the GPU report with its token) and each of the user's
+    variables under `env.<NAME>`. Create it before the Job; give it the Job as owner with
+    `secret_owner_patch` once the Job exists."""
     instructions = wrapper_spec(
         kind=spec.kind,
         path=spec.path,
@@ -155,6 +162,7 @@ def job_run_secret_manifest(
         parameters=spec.parameters,
         args=spec.args,
         kernel_name=settings.kernel_name,
+        report=report,
     )
     data = {SPEC_KEY: _b64(json.dumps(instructions, sort_keys=True))}
     data.update({ENV_KEY_PREFIX + k: _b64(v) for k, v in sorted(spec.environment.items())})

@@ -270,7 +270,13 @@ class KubeJobExecutor:
 
     # -- start -------------------------------------------------------------------------------
 
-    async def start(self, run: Run, spec: JobSpec, placement: Placement) -> dict[str, Any]:
+    async def start(
+        self,
+        run: Run,
+        spec: JobSpec,
+        placement: Placement,
+        report: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
         spawner = await self.spawner_for(spec.owner)
         await spawner.gpu_state()  # the cluster view, and the priority classes the pod names
         profile = spawner.gpu_capacity.profile(spec.profile)
@@ -283,7 +289,12 @@ class KubeJobExecutor:
         pod = spawner.placed_job_pod(profile, placement)
         priority = placement.request.priority
         secret = job_run_secret_manifest(
-            spec, run_id=run.id, attempt=attempt, priority=priority, settings=settings
+            spec,
+            run_id=run.id,
+            attempt=attempt,
+            priority=priority,
+            settings=settings,
+            report=report,
         )
         job = job_run_manifest(
             spec,

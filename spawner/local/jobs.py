@@ -148,6 +148,8 @@ class RunAttempt:
     timeout_seconds: int | None = None
     home: str = ""
     kernel_name: str = "python3"
+    #: the attempt's GPU report (REPORT_*_ENV), for the wrapper's spec only
+    report: Mapping[str, str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.account.uid == 0 or self.account.gid == 0:
@@ -186,6 +188,7 @@ class RunAttempt:
         account: SystemAccount,
         placement_environment: Mapping[str, str],
         home: str = "",
+        report: Mapping[str, str] | None = None,
     ) -> RunAttempt:
         """The attempt of a run of ``spec``."""
         return cls(
@@ -201,6 +204,7 @@ class RunAttempt:
             placement_environment=placement_environment,
             timeout_seconds=spec.timeout_seconds,
             home=home,
+            report=report,
         )
 
     @property
@@ -429,6 +433,7 @@ class LocalJobRunner:
                 parameters=attempt.parameters,
                 args=attempt.args,
                 kernel_name=attempt.kernel_name,
+                report=attempt.report,
             )
         except ValueError as e:
             raise JobRunnerError(str(e)) from None
@@ -670,7 +675,13 @@ class LocalJobExecutor:
         env, _enforcement = gpu_environment(assigned_gpus(placement.gpus, self.gpu_of))
         return env
 
-    async def start(self, run: Run, spec: JobSpec, placement: Placement) -> dict[str, Any]:
+    async def start(
+        self,
+        run: Run,
+        spec: JobSpec,
+        placement: Placement,
+        report: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
         account, home = await self.workspace_for(spec.owner)
         attempt = RunAttempt.from_spec(
             spec,
@@ -679,6 +690,7 @@ class LocalJobExecutor:
             account=account,
             placement_environment=self.placement_environment(placement),
             home=home,
+            report=report,
         )
         return (await self.runner.start(attempt)).to_dict()
 

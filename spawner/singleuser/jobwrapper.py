@@ -68,6 +68,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpulab.spawner.names import REPORT_SPEC_KEY
+
 #: exit codes of an attempt whose job could not be started (the shell's conventions)
 CANNOT_EXECUTE = 126
 NOT_FOUND = 127
@@ -76,6 +78,8 @@ NOT_FOUND = 127
 OUTPUTS_PREFIX = "gpulab job: outputs "
 #: at most this many files are listed (the line stays one pod-log line of a bounded size)
 MAX_LISTED_OUTPUTS = 1000
+#: the GPU report's last push may hold the wrapper's end up this long (then it is given up)
+REPORT_STOP_SECONDS = 5.0
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -205,12 +209,34 @@ def _run(spec: dict[str, Any], status_fd: int | None, forward_signals: bool) -> 
         return code
     if forward is not None:
         forward.started(child.pid)
+    reporter = _start_report(spec.get(REPORT_SPEC_KEY))
     code = child.wait()  # retried after each ignored signal (PEP 475)
+    if reporter is not None:  # the last stretch is pushed while the share is still held
+        reporter.stop_thread(timeout=REPORT_STOP_SECONDS)
     if code < 0:
         _write_status(status_fd, {"signal": -code})
         return 128 - code
     _write_status(status_fd, {"exit_code": code})
     return code
+
+
+def _start_report(report: Any) -> Any:
+    """The run's GPU report (the spec's REPORT_SPEC_KEY, which the hub fills where it runs
+    gpulab-metrics), pushed from a thread of this wrapper by jupyterlab_gpulab's reporter, so the
+    run's GPU-hours are measured like a server's. The token stays in this process: the job's
+    environment never has it. Without jupyterlab_gpulab in the run's environment the run goes on
+    unreported, and says so once."""
+    if not isinstance(report, dict) or not report:
+        return None
+    try:
+        from jupyterlab_gpulab.reporter import reporter_from_mapping
+    except ImportError as e:
+        _say(f"GPU figures not reported: jupyterlab_gpulab is not installed here ({e})")
+        return None
+    reporter = reporter_from_mapping({str(k): str(v) for k, v in report.items()})
+    if reporter is not None:
+        reporter.start_in_thread()
+    return reporter
 
 
 # -- notebooks ---------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from gpulab.hub.config import (
 )
 from gpulab.hub.daskservice.hub import post_stop_hook
 from gpulab.hub.handlers.servers import server_handler_overrides
-from gpulab.hub.scopes import ADMIN_READ, ALLOCATIONS_READ, DASK, PREEMPT, USAGE
+from gpulab.hub.scopes import ADMIN_READ, ALLOCATIONS_READ, DASK, PREEMPT, REPORT_GPU, USAGE
 from tests.harness.hub import REPO, merged
 
 JUPYTERHUB = Path(sys.executable).parent / "jupyterhub"
@@ -72,6 +72,7 @@ def test_apply_adds_the_templates_and_custom_scopes_after_the_admins_own() -> No
         ADMIN_READ,
         PREEMPT,
         USAGE,
+        REPORT_GPU,
     }
 
 
@@ -97,7 +98,13 @@ def test_every_user_manages_her_dask_clusters_and_a_stopped_server_stops_its_own
     c.JupyterHub.extra_user_scopes = ["read:groups"]
     apply(c)
     apply(c)  # nothing twice
-    assert c.JupyterHub.extra_user_scopes == ["read:groups", f"{DASK}!user", f"{USAGE}!user"]
+    # every user may hold her own workloads' report scope (the hub narrows each token to one)
+    assert c.JupyterHub.extra_user_scopes == [
+        "read:groups",
+        f"{DASK}!user",
+        f"{USAGE}!user",
+        f"{REPORT_GPU}!user",
+    ]
     assert c.Spawner.post_stop_hook is post_stop_hook
     # an admin's own hook runs too, first
     calls: list[str] = []
@@ -148,7 +155,8 @@ def test_gpulab_options_decide_the_services_and_where_servers_push() -> None:
     assert "--timeout=600" in services["idle-culler"]["command"]
     assert services["gpulab-metrics"]["url"] == "http://127.0.0.1:8002"
     roles = {r["name"]: r["scopes"] for r in c.JupyterHub.load_roles}
-    assert roles["gpulab-metrics"] == ["list:users", "read:users", "read:servers"]
+    # which servers run and which job runs and Dask workers hold shares; nothing that acts
+    assert roles["gpulab-metrics"] == ["list:users", "read:users", "read:servers", ALLOCATIONS_READ]
     assert c.Spawner.environment == {
         "ADMINS_OWN": "1",
         "GPULAB_METRICS_PUSH_URL": "http://127.0.0.1:8002/api/push",

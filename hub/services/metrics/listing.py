@@ -1,8 +1,10 @@
-"""Which servers run, as the hub lists them, for the gpulab-metrics service.
+"""Which servers run and which job runs and Dask workers hold a GPU, as the hub lists them, for the
+gpulab-metrics service.
 
 The service never calls a user's server: servers push their figures (hub/services/metrics/push.py). It
 asks the hub only which servers exist, with a role of list:users, read:users and read:servers,
-so that it can refuse pushes for servers that do not run and forget servers that stopped.
+and which workloads hold GPU shares (custom:gpulab:allocations:read), so that it can refuse pushes
+for workloads that do not run and forget those that stopped.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ from urllib.parse import quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
+from gpulab.spawner.names import is_workload_name
+
 PAGINATION = "application/jupyterhub-pagination+json"
-ROLE_HINT = "the gpulab-metrics role needs list:users, read:users and read:servers"
+ROLE_HINT = (
+    "the gpulab-metrics role needs list:users, read:users, read:servers and"
+    " custom:gpulab:allocations:read"
+)
 
 
 @dataclass(frozen=True)
 class Target:
-    """One running server, as the hub lists it."""
+    """One running server, or one job run or Dask worker holding a GPU share (`server` is then
+    its workload name, "job-17" or "dask-3-w2", which no named server may take)."""
 
     user: str
     server: str  # "" for the default server
@@ -29,6 +37,22 @@ class Target:
     @property
     def key(self) -> str:
         return f"{self.user}/{self.server}"
+
+    @property
+    def is_workload(self) -> bool:
+        """A job run or a Dask worker, not a server."""
+        return is_workload_name(self.server)
+
+
+def targets_from_allocations(allocations: Iterable[dict[str, Any]]) -> list[Target]:
+    """The job runs and Dask workers among the hub's allocations (GET /gpulab/allocations):
+    an allocation id is "<owner>/<workload name>"."""
+    out = set()
+    for allocation in allocations:
+        owner, sep, name = str(allocation.get("id", "")).rpartition("/")
+        if sep and owner and is_workload_name(name):
+            out.add(Target(owner, name))
+    return sorted(out, key=lambda t: (t.user, t.server))
 
 
 def targets_from_users(users: Iterable[dict[str, Any]]) -> list[Target]:
@@ -107,3 +131,20 @@ async def server_runs(
         client, f"{api_url.rstrip('/')}/users/{quote(target.user, safe='')}", token, timeout_seconds
     )
     return bool(model) and target.server in (model.get("servers") or {})
+
+
+async def list_workloads(
+    client: AsyncHTTPClient, api_url: str, token: str, timeout_seconds: float
+) -> list[Target]:
+    """Every job run and Dask worker holding a GPU share now. Raises on hub errors."""
+    body = await _get(client, f"{api_url.rstrip('/')}/gpulab/allocations", token, timeout_seconds)
+    if body is None:
+        raise RuntimeError(f"GET {api_url}/gpulab/allocations answered 404 (is this a gpulab hub?)")
+    return targets_from_allocations(body.get("allocations") or [])
+
+
+async def workload_runs(
+    client: AsyncHTTPClient, api_url: str, token: str, timeout_seconds: float, target: Target
+) -> bool:
+    """Whether the hub's allocator holds `target`'s (a job run's or Dask worker's) share now."""
+    return target in await list_workloads(client, api_url, token, timeout_seconds)

@@ -9,6 +9,11 @@ A server is user code: what it sends is untrusted. The labels `user` and `server
 series are the ones the hub vouches for (the token's owner, and a server of hers that runs),
 never the page's own, so a user can only ever report figures, or raise alerts, for her own
 servers.
+
+A job run or a Dask worker pushes the same way for `<user>/<workload name>` ("job-17",
+"dask-3-w2"), with the report token the hub issued it (gpulab.hub.report_tokens): its owner's,
+holding `custom:gpulab:report-gpu!server=<user>/<workload name>` and nothing else. A server's
+token cannot report for a workload, nor a workload's token for a server or another workload.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpulab.hub.alerts import Sample
 from gpulab.hub.services.metrics.listing import Target
+from gpulab.spawner.names import REPORT_GPU_SCOPE
 
 MIB = 1024.0 * 1024.0
 # names this service exports itself: a server may not shadow them
@@ -74,10 +80,18 @@ def authorize_push(identity: dict[str, Any] | None, target: Target) -> None:
     owner, kind = str(identity.get("name", "")), identity.get("kind", "user")
     if kind != "user":
         raise PushRefused(403, f"{kind} {owner!r} has no server: only servers push their figures")
+    what = "a job run or Dask worker" if target.is_workload else "a server"
     if owner != target.user:
-        raise PushRefused(
-            403, f"a token of {owner!r} cannot report for a server of {target.user!r}"
-        )
+        raise PushRefused(403, f"a token of {owner!r} cannot report for {what} of {target.user!r}")
+    if target.is_workload:
+        scope = f"{REPORT_GPU_SCOPE}!server={target.user}/{target.server}"
+        if not check_scopes({scope}, set(identity.get("scopes") or [])):
+            raise PushRefused(
+                403,
+                f"this token of {owner!r} is not {target.server!r}'s report token (it lacks"
+                f" {scope})",
+            )
+        return
     scope = f"access:servers!server={target.user}/{target.server}"
     if not check_scopes({scope}, set(identity.get("scopes") or [])):
         raise PushRefused(

@@ -51,7 +51,13 @@ from gpulab.hub.alerts import RuleError, parse_rules
 from gpulab.hub.ledger.store import LedgerStore
 from gpulab.hub.services.metrics.aggregate import Aggregate
 from gpulab.hub.services.metrics.exposition import exposition
-from gpulab.hub.services.metrics.listing import Target, list_targets, server_runs
+from gpulab.hub.services.metrics.listing import (
+    Target,
+    list_targets,
+    list_workloads,
+    server_runs,
+    workload_runs,
+)
 from gpulab.hub.services.metrics.push import PushRefused, authorize_push, push_result
 from gpulab.hub.services.metrics.usage import LiveSlices, UsageMeter
 from gpulab.spawner.names import (
@@ -243,6 +249,7 @@ class MetricsService(Application):
             targets = await list_targets(
                 self.http_client(), self.api_url, self.api_token, self.hub_timeout_seconds
             )
+            targets += await self._list_workloads()
         except Exception as e:  # keep the last known servers: a hub restart is not a stop
             if not agg.hub_error:
                 self.log.warning("gpulab-metrics: listing servers failed: %s", e)
@@ -263,6 +270,26 @@ class MetricsService(Application):
         agg.cycles += 1
         agg.last_cycle = time.time()
         agg.last_cycle_seconds = time.monotonic() - start
+
+    async def _list_workloads(self) -> list[Target]:
+        """The job runs and Dask workers holding GPU shares; the last known ones when the hub's
+        allocations cannot be read (a hub without gpulab's allocations API, or a role without
+        custom:gpulab:allocations:read: servers are still listed)."""
+        try:
+            found = await list_workloads(
+                self.http_client(), self.api_url, self.api_token, self.hub_timeout_seconds
+            )
+        except Exception as e:
+            if not self._workloads_error:
+                self.log.warning("gpulab-metrics: listing job runs and Dask workers failed: %s", e)
+            self._workloads_error = str(e)
+            return list(self._workloads)
+        self._workloads_error = ""
+        self._workloads = found
+        return found
+
+    _workloads: list[Target] = []  # noqa: RUF012 (replaced, never mutated)
+    _workloads_error = ""
 
     async def write_usage(self) -> None:
         """Add the GPU-seconds used since the last cycle to the ledger (a worker thread)."""
@@ -329,8 +356,9 @@ class MetricsService(Application):
             )
         state = agg.servers.get(target.key)
         if state is None:  # started since the last listing, or not running at all: ask the hub
+            check = workload_runs if target.is_workload else server_runs
             try:
-                runs = await server_runs(
+                runs = await check(
                     self.http_client(),
                     self.api_url,
                     self.api_token,
@@ -339,6 +367,10 @@ class MetricsService(Application):
                 )
             except Exception as e:
                 raise PushRefused(503, f"the hub did not answer ({e}); push again later") from None
+            if not runs and target.is_workload:
+                raise PushRefused(
+                    403, f"{target.user!r} has no job run or Dask worker {target.server!r} on a GPU"
+                )
             if not runs:
                 raise PushRefused(
                     403,

@@ -89,42 +89,65 @@ def test_used_is_capped_at_allocated_and_idle_is_the_rest():
     assert row.idle_gpu_hours == pytest.approx(0.15)
 
 
-def test_job_and_dask_hours_are_unmonitored_not_idle_and_a_servers_use_never_lands_on_them():
+def test_job_and_dask_use_comes_from_their_own_reports_and_a_servers_never_lands_on_them():
     # alice's server holds a quarter of gpu-0; her job run and her Dask worker hold the other
-    # three quarters of it, for the same hour; no job or worker pushes figures
+    # three quarters of it, for the same hour; the job reports, the worker does not (yet)
     intervals = [
         Interval(1, holding("alice/", milli=250), start=0, end=3600),
         Interval(2, holding("alice/job-7", milli=500, workload="job"), start=0, end=3600),
-        Interval(3, holding("alice/dask-c1-w0", milli=250, workload="dask"), start=0, end=3600),
+        Interval(3, holding("alice/dask-1-w0", milli=250, workload="dask"), start=0, end=3600),
     ]
     # the server's monitor saw more than its quarter used (device-wide figure): capped at its
-    # own quarter, never spilled onto the job's or the worker's hours
+    # own quarter, never spilled onto the job's or the worker's hours; the job's own report
+    # counts for the job only, capped at its half
     usage = [
-        UsageSample("alice", "", "gpu-0", 0, used_gpu_seconds=0.9 * 3600, sampled_seconds=3600)
+        UsageSample("alice", "", "gpu-0", 0, used_gpu_seconds=0.9 * 3600, sampled_seconds=3600),
+        UsageSample(
+            "alice", "job-7", "gpu-0", 0, used_gpu_seconds=0.4 * 3600, sampled_seconds=3600
+        ),
     ]
     (row,) = rollup(intervals, usage, since=0, until=3600, bucket="hour", by=("user",))
     assert row.allocated_gpu_hours == 1.0
-    assert row.unmonitored_gpu_hours == 0.75
-    assert row.used_gpu_hours == 0.25
-    assert row.idle_gpu_hours == 0.0
-    by_workload = rollup(intervals, [], since=0, until=3600, bucket="hour", by=("workload",))
+    assert row.unmonitored_gpu_hours == 0.0
+    assert row.used_gpu_hours == pytest.approx(0.65)
+    assert row.idle_gpu_hours == pytest.approx(0.35)
+    by_workload = rollup(intervals, usage, since=0, until=3600, bucket="hour", by=("workload",))
     assert {
         r.key: (r.allocated_gpu_hours, r.unmonitored_gpu_hours, r.used_gpu_hours, r.idle_gpu_hours)
         for r in by_workload
     } == {
-        ("server",): (0.25, 0.0, 0.0, 0.25),
-        ("job",): (0.5, 0.5, 0.0, 0.0),
-        ("dask",): (0.25, 0.25, 0.0, 0.0),
+        ("server",): (0.25, 0.0, 0.25, 0.0),
+        ("job",): (0.5, 0.0, pytest.approx(0.4), pytest.approx(0.1)),
+        ("dask",): (0.25, 0.0, 0.0, 0.25),
     }
 
 
-def test_a_job_alone_has_no_idle_hours_and_its_use_is_not_guessed():
+def test_external_pods_hours_are_unmonitored_not_idle():
+    intervals = [
+        Interval(1, holding("ops/", milli=1000, workload="external"), start=0, end=3600),
+        Interval(2, holding("alice/", milli=250, device="gpu-1"), start=0, end=3600),
+    ]
+    (row,) = rollup(intervals, [], since=0, until=3600, bucket="hour", by=())
+    assert (row.allocated_gpu_hours, row.unmonitored_gpu_hours) == (1.25, 1.0)
+    assert (row.used_gpu_hours, row.idle_gpu_hours) == (0.0, 0.25)
+
+
+def test_a_job_takes_only_its_own_reports_never_a_servers_guessed_share():
     interval = Interval(1, holding("bob/job-3", milli=1000, workload="job"), start=0, end=3600)
-    # a sample of bob's server on the device his job holds (no server interval there)
-    usage = [UsageSample("bob", "", "gpu-0", 0, used_gpu_seconds=1800, sampled_seconds=3600)]
+    # a sample of bob's server on the device his job holds (no server interval there), and one
+    # of another job of his: neither is this job's
+    usage = [
+        UsageSample("bob", "", "gpu-0", 0, used_gpu_seconds=1800, sampled_seconds=3600),
+        UsageSample("bob", "job-4", "gpu-0", 0, used_gpu_seconds=1800, sampled_seconds=3600),
+    ]
     (row,) = rollup([interval], usage, since=0, until=3600, bucket="hour", by=("user",))
-    assert (row.allocated_gpu_hours, row.unmonitored_gpu_hours) == (1.0, 1.0)
-    assert (row.used_gpu_hours, row.idle_gpu_hours) == (0.0, 0.0)
+    assert (row.allocated_gpu_hours, row.unmonitored_gpu_hours) == (1.0, 0.0)
+    assert (row.used_gpu_hours, row.idle_gpu_hours) == (0.0, 1.0)
+    usage.append(
+        UsageSample("bob", "job-3", "gpu-0", 0, used_gpu_seconds=900, sampled_seconds=3600)
+    )
+    (row,) = rollup([interval], usage, since=0, until=3600, bucket="hour", by=("user",))
+    assert (row.used_gpu_hours, row.idle_gpu_hours) == (0.25, 0.75)
 
 
 def test_usage_of_a_device_outside_the_ledger_is_not_counted():
