@@ -33,12 +33,14 @@ from jupyterhub import orm
 from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.scopes import REPORT_GPU
 from gpulab.spawner.names import (
+    MONITOR_SOURCE_ENV,
     PUSH_INTERVAL_ENV,
     PUSH_URL_ENV,
     REPORT_NAME_ENV,
     REPORT_TOKEN_ENV,
     REPORT_URL_ENV,
     REPORT_USER_ENV,
+    SIMULATED_GPU_FILE_ENV,
     is_workload_name,
 )
 
@@ -84,9 +86,10 @@ class ReportTokens:
 
     # -- where to push -------------------------------------------------------------------------
 
-    def push_settings(self) -> tuple[str, float] | None:
-        """(push URL, interval) as every server gets them, None when the hub runs no
-        gpulab-metrics (`gpulab.hub.config.add_services` sets both in Spawner.environment)."""
+    def push_settings(self) -> tuple[str, float, dict[str, str]] | None:
+        """(push URL, interval, monitor settings) as every server gets them, None when the hub
+        runs no gpulab-metrics (`gpulab.hub.config.add_services` sets the first two in
+        Spawner.environment; an admin may choose the monitor's source there too)."""
         env = self.app.config.Spawner.get("environment")
         values = env if isinstance(env, dict) else {}
         if not values and env is not None:
@@ -100,7 +103,10 @@ class ReportTokens:
             interval = float(values.get(PUSH_INTERVAL_ENV, "15"))
         except ValueError:
             interval = 15.0
-        return url, interval
+        monitor = {
+            k: str(values[k]) for k in (MONITOR_SOURCE_ENV, SIMULATED_GPU_FILE_ENV) if values.get(k)
+        }
+        return url, interval, monitor
 
     # -- issue and revoke ----------------------------------------------------------------------
 
@@ -122,9 +128,11 @@ class ReportTokens:
             note=f"{NOTE_PREFIX}{allocation_id}", scopes=[report_scope(owner, name)]
         )
         self.issued += 1
-        url, interval = settings
-        # the same address servers push to (not a secret); the token is
+        url, interval, monitor = settings
+        # the same address servers push to (not a secret), and the same way of measuring as the
+        # servers' monitors (an admin's choice of source); the token is the secret part
         return {
+            **monitor,
             REPORT_URL_ENV: url,
             REPORT_TOKEN_ENV: token,
             REPORT_NAME_ENV: name,

@@ -32,7 +32,7 @@ from gpulab.hub.dask import parse_allocation_id
 from gpulab.hub.jobservice.hub import GPUJobs
 from gpulab.hub.jobservice.service import run_id_of
 from gpulab.hub.ledger import MONITORED_WORKLOADS
-from gpulab.hub.ledger.store import LiveFigure
+from gpulab.hub.ledger.store import LiveFigure, figures_of_shares
 from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.refusals import shown
 from gpulab.hub.scopes import ADMIN_READ, PREEMPT
@@ -164,7 +164,7 @@ def live_columns(
     figure): mean utilisation, memory used, and GPU-idle = how long EVERY slice has stayed below
     the idle threshold (one busy or unknown slice: not idle). Null where a slice has no current
     figure (an external pod, which does not push; a workload whose pushes went stale)."""
-    found = [figures.get(share.uuid) for share in placement.gpus]
+    found = figures_of_shares([share.uuid for share in placement.gpus], figures)
     present = [f for f in found if f is not None]
     if not placement.gpus or len(present) != len(found):
         return {

@@ -10,9 +10,10 @@ Query parameters (all optional):
 - user (everyone's only): only these users (repeat the parameter).
 
 Rows hold allocated GPU-hours (fraction x hours held: four quarter shares for an hour are 1.00),
-used GPU-hours (what the GPU monitor saw, capped at allocated), idle (the monitored rest) and
-unmonitored (the part of allocated held by job runs, Dask workers and external pods, which run
-no GPU monitor: neither used nor idle as far as anyone measured).
+used GPU-hours (what the workload's own GPU reports said: a server's monitor, a job run's
+wrapper, a Dask worker's preload; capped at allocated), idle (the monitored rest) and unmonitored
+(the part of allocated held by external GPU pods, which report nothing: neither used nor idle as
+far as anyone measured).
 
 Who may: everyone's figures need `custom:gpulab:admin-read` (the GPU admin panel's scope) or
 JupyterHub's admin:users; one user's need `custom:gpulab:usage` on her, which every user and her

@@ -60,7 +60,7 @@ from gpulab.hub.culling.model import MIN_IDLE_SECONDS
 from gpulab.hub.hub_service import hub_started, stop_server
 from gpulab.hub.jobservice.service import run_id_of
 from gpulab.hub.ledger import CULLED, tightest
-from gpulab.hub.ledger.store import LiveFigure
+from gpulab.hub.ledger.store import LiveFigure, figures_of_shares
 from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.profiles import Profile
 from gpulab.hub.prometheus import register_collector
@@ -365,9 +365,10 @@ class GPUCuller(SingletonConfigurable):
         a summary of its own, a check at a time. A share without a current figure is unknown."""
         user, name = server.key
         out: dict[str, SliceSummary] = {}
-        for share in server.placement.gpus:
+        # on Kubernetes the pod's monitor names the physical devices behind the allocator's slots
+        matched = figures_of_shares([share.uuid for share in server.placement.gpus], figures)
+        for share, figure in zip(server.placement.gpus, matched, strict=True):
             label = self.slice_name(share.uuid, out)
-            figure = figures.get(share.uuid)
             fold_key = (user, name, share.uuid)
             if figure is None:
                 out[label] = SliceSummary(threshold_pct)

@@ -178,29 +178,47 @@ def attribute_usage(
     user and device, overlapping its hour, a monitored workload's: the sample's own allocation
     "{user}/{server}" first, then, among servers only, the longest overlap), and capped at what
     that interval allocated in that hour. A job run's or Dask worker's interval takes only its
-    own samples (its report names it), never a server's on the same device. A sample no interval
-    matches (a device outside the ledger) is dropped: used never exceeds allocated, nor lands on
-    an unmonitored external pod's hours."""
+    own samples (its report names it), never a server's on the same device. A sample of a device
+    its own allocation holds under another name (Kubernetes' slots) goes to that allocation. A
+    sample no interval matches (someone else's device, a workload gone) is dropped: used never
+    exceeds allocated, nor lands on an unmonitored external pod's hours."""
     by_device: dict[tuple[str, str], list[Interval]] = defaultdict(list)
+    by_allocation: dict[str, list[Interval]] = defaultdict(list)
     for interval in intervals:
         if interval.holding.workload not in MONITORED_WORKLOADS:
             continue
         by_device[(interval.holding.user, interval.holding.device)].append(interval)
+        by_allocation[interval.holding.allocation_id].append(interval)
     spent: dict[tuple[int, int], float] = defaultdict(float)  # (interval id, hour) -> seconds
     for sample in usage:
         if not since <= sample.hour < until:
             continue
-        hour_end = sample.hour + SECONDS_PER_HOUR
-        best: tuple[int, int, Interval] | None = None
+        # an open interval counts up to the rollup's end, not the hour's: it was not allocated
+        # past now, so a sample must not be credited room it does not have yet
+        hour_end = min(sample.hour + SECONDS_PER_HOUR, until)
+        best: tuple[int, float, Interval] | None = None
+        own_allocation = f"{sample.user}/{sample.server}"
         for interval in by_device.get((sample.user, sample.device), ()):
             overlap = interval.milli_seconds(sample.hour, hour_end)
             if overlap <= 0:
                 continue
-            own = int(interval.holding.allocation_id == f"{sample.user}/{sample.server}")
+            own = int(interval.holding.allocation_id == own_allocation)
             if not own and interval.holding.workload != "server":
                 continue
             if best is None or (own, overlap) > best[:2]:
                 best = (own, overlap, interval)
+        if best is None:
+            # a device the sample's own allocation holds under another name: on Kubernetes the
+            # allocator holds logical slots and the pod's monitor names the physical device the
+            # device plugin gave it, so the workload's own intervals take it, the one with the
+            # most room left first (a two-GPU pod's two devices fill its two slots)
+            for interval in by_allocation.get(own_allocation, ()):
+                overlap = interval.milli_seconds(sample.hour, hour_end)
+                room = overlap / MILLI - spent[(interval.id, sample.hour)]
+                if overlap > 0 and (best is None or room > best[1]):
+                    best = (1, room, interval)
+            if best is not None:
+                best = (1, best[2].milli_seconds(sample.hour, hour_end), best[2])
         if best is None:
             continue
         interval = best[2]

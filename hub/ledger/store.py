@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,26 @@ class LiveFigure:
     memory_limit_mib: float | None
     below_since: float | None
     idle_threshold_pct: float
+
+
+def figures_of_shares(
+    devices: Sequence[str], figures: Mapping[str, LiveFigure]
+) -> list[LiveFigure | None]:
+    """The figure of each of a workload's devices (as the allocator names them), from the
+    workload's pushed figures (as its monitor names the devices it sees). They are the same
+    names on the embedded default. On Kubernetes the allocator holds logical slots ("node/gpu-0",
+    "node/mig-2g.20gb-1") and the device plugin decides which physical device or MIG instance
+    backs each, so a pod's monitor names others: when no name matches and the counts agree, the
+    figures are the workload's own devices, paired in name order (which slot is which physical
+    device is unknowable, and nothing here depends on it). Otherwise a device without its own
+    figure has none (None)."""
+    found: list[LiveFigure | None] = [figures.get(d) for d in devices]
+    unmatched = [i for i, f in enumerate(found) if f is None]
+    spare = [figures[k] for k in sorted(figures) if k not in set(devices)]
+    if unmatched and len(spare) == len(unmatched):
+        for i, figure in zip(unmatched, spare, strict=True):
+            found[i] = figure
+    return found
 
 
 SCHEMA_VERSION = 1

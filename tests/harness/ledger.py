@@ -24,7 +24,7 @@ class Held:
     seconds: int
     device: str = "GPU-seeded-0"
     profile: str = "gpu-1"
-    workload: str = "server"  # "job": a job run's share (allocation "<user>/job-1")
+    workload: str = "server"  # "job": a job run's share (allocation "<user>/job-1"); "external"
 
     def holding(self) -> Holding:
         return Holding(

@@ -247,15 +247,16 @@ def test_a_running_job_is_listed_as_a_job_and_stop_cancels_it_freeing_its_share(
         job = workloads[allocation]
         assert (job["kind"], job["owner"], job["gpus"]) == ("job", "kim", 0.25)
         assert job["server"] is None and job["ui_idle_seconds"] is None
-        # no job pushes GPU figures yet: the panel says so instead of leaving blanks
-        assert job["monitored"] is False and job["utilization"] is None
+        # a job run reports its GPU figures (to gpulab-metrics, which this hub does not run:
+        # tests/hub/ledger/test_in_hub.py has them), so it is monitored, with no figure yet
+        assert job["monitored"] is True and job["utilization"] is None
         log_in_as_admin(page, hub)
         page.goto(f"{hub.url}/hub/gpulab/admin")
         row = page.get_by_role("table", name="Workloads").get_by_role(
             "row", name=f"Workload {allocation}"
         )
         row.wait_for(timeout=30_000)
-        assert "not monitored" in row.inner_text()
+        assert "not monitored" not in row.inner_text()
 
         results = _act(_token(hub, "operator"), "stop", [allocation])
         assert results[allocation]["ok"] is True, results

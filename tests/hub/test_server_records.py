@@ -48,6 +48,28 @@ def test_a_named_server_called_default_is_refused_before_any_record_exists(make_
     assert set(_servers(hub, "alice")) - {""} == {"scratch"}
 
 
+def test_server_names_of_job_runs_and_dask_workers_are_refused(make_hub):
+    # a server's allocation id is "<user>/<name>": "alice/job-3" is her job run 3's, and
+    # "alice/dask-1-w0" her Dask worker's (their GPU reports go by these names too)
+    hub = make_hub()
+    hub.create_user("alice")
+    for name in ("job-3", "dask-1-w0"):
+        r = hub.api("POST", f"/users/alice/servers/{name}", json={"profile": "cpu"})
+        assert r.status_code == 400, r.text
+        assert r.json()["message"] == (
+            f"The server name {name!r} is reserved: names like job-<n> and dask-<n>-w<n> are"
+            " gpulab's job runs and Dask workers"
+        )
+    hub.api("PUT", "/users/alice/servers/scratch")
+    r = hub.api("PATCH", "/users/alice/servers/scratch", json={"name": "job-3"})
+    assert r.status_code == 400 and "is reserved" in r.json()["message"]
+    assert set(_servers(hub, "alice")) - {""} == {"scratch"}
+    assert hub.allocations() == {}
+    # names that only look alike are fine
+    r = hub.api("POST", "/users/alice/servers/job-three", json={"profile": "cpu"})
+    assert r.status_code in (201, 202), r.text
+
+
 def test_a_renamed_server_keeps_its_home_and_its_old_name_stays_taken(make_hub):
     hub = make_hub()
     hub.create_user("alice")

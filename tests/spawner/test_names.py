@@ -122,3 +122,27 @@ def test_code_run_as_the_user_imports_no_gpulab_module_but_its_own_and_the_names
                 assert module == "gpulab.spawner.names" or module.startswith(
                     "gpulab.spawner.singleuser"
                 ), f"{path.relative_to(ROOT)} imports {module}"
+
+
+@pytest.mark.parametrize(
+    ("name", "is_one"),
+    [
+        ("job-1", True),
+        ("job-12345", True),
+        ("dask-3-w0", True),
+        ("dask-3-w12", True),
+        ("job-", False),
+        ("job-a", False),
+        (
+            "job-１",
+            False,
+        ),  # a full-width digit: str.isdigit says yes, an allocation id never has it
+        ("dask-3-scheduler", False),  # holds no GPU: never reports
+        ("dask--w1", False),
+        ("dask-3-w", False),
+        ("", False),
+        ("train", False),
+    ],
+)
+def test_workload_names_are_exactly_job_runs_and_dask_workers(name: str, is_one: bool) -> None:
+    assert names.is_workload_name(name) is is_one

@@ -62,6 +62,10 @@ class Report:
     user: str
     name: str
     interval_seconds: float
+    #: how to measure, as the hub measures its servers (MONITOR_SOURCE_ENV and
+    #: SIMULATED_GPU_FILE_ENV of its Spawner.environment); "": the workload's own environment's
+    source: str = ""
+    simulated_file: str = ""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, str]) -> Report | None:
@@ -84,7 +88,15 @@ class Report:
             raise ValueError(f"{PUSH_INTERVAL_ENV}={raw!r} is not a number") from None
         if not interval > 0:
             raise ValueError(f"{PUSH_INTERVAL_ENV}={raw!r} must be more than 0 seconds")
-        return cls(url, token, user, name, interval)
+        return cls(
+            url,
+            token,
+            user,
+            name,
+            interval,
+            str(values.get(MONITOR_SOURCE_ENV, "")).strip(),
+            str(values.get(SIMULATED_GPU_FILE_ENV, "")).strip(),
+        )
 
 
 class WorkloadReporter:
@@ -108,9 +120,9 @@ class WorkloadReporter:
         self.sampler: Sampler | None = None
         if latest is None:
             self.source = source or select_source(
-                env.get(MONITOR_SOURCE_ENV, "auto") or "auto",
+                report.source or env.get(MONITOR_SOURCE_ENV, "") or "auto",
                 self.share,
-                script_path=env.get(SIMULATED_GPU_FILE_ENV) or None,
+                script_path=report.simulated_file or env.get(SIMULATED_GPU_FILE_ENV) or None,
             )
             self.sampler = Sampler(
                 self.source,

@@ -6,7 +6,7 @@ The history (GPU-hours, all closed, in the 30-day budget window; D = a day befor
 
     carol         1/4 GPU   5.5 D ago for 8 h   2 GPU-h
     alice (ml)    1 GPU     3.5 D ago for 10 h  10 GPU-h (0.5 of them used: the monitor saw it)
-    bob (ml)      1 GPU     2.5 D ago for 6 h   6 GPU-h (a job run: unmonitored, not idle)
+    bob (ml)      1 GPU     2.5 D ago for 6 h   6 GPU-h (an external pod: unmonitored, not idle)
     alice (ml)    1/2 GPU   1.5 D ago for 4 h   2 GPU-h
 
 and the budgets: alice 100, bob 7, carol 2, dave 50, group ml 20 (warning at 80 %).
@@ -43,7 +43,15 @@ def _history(now: int) -> tuple[list[Held], list[UsageSample]]:
     held = [
         Held("carol", (), 250, now - int(5.5 * DAY), 8 * HOUR),
         Held("alice", ("ml",), 1000, alice_start, 10 * HOUR),
-        Held("bob", ("ml",), 1000, now - int(2.5 * DAY), 6 * HOUR, "GPU-seeded-1", workload="job"),
+        Held(
+            "bob",
+            ("ml",),
+            1000,
+            now - int(2.5 * DAY),
+            6 * HOUR,
+            "GPU-seeded-1",
+            workload="external",
+        ),
         Held("alice", ("ml",), 500, now - int(1.5 * DAY), 4 * HOUR),
     ]
     # half an hour of the device busy, in the second hour of alice's first interval
@@ -299,7 +307,7 @@ def test_the_panel_charts_top_consumers_and_budgets_and_exports_the_usage_csv(hu
     assert allocated == pytest.approx(
         {("alice", "gpu-1"): 12.0, ("bob", "gpu-1"): 6.0, ("carol", "gpu-1"): 2.0}
     )
-    # bob's job run: all of its hours unmonitored, none called idle
+    # bob's external GPU pod: all of its hours unmonitored, none called idle
     bob_rows = [r for r in rows if r["user"] == "bob"]
     assert sum(float(r["unmonitored_gpu_hours"]) for r in bob_rows) == pytest.approx(6.0)
     assert sum(float(r["idle_gpu_hours"]) for r in bob_rows) == 0

@@ -246,3 +246,116 @@ def test_a_group_budget_used_up_during_a_session_stops_the_members_gpu_server(
     assert r.status_code == 403 and "group course" in r.json()["message"]
     (interval,) = [i for i in hub.ledger_intervals() if i.holding.user == "carol"]
     assert interval.end_reason == "budget" and interval.holding.groups == ("course",)
+
+
+def test_a_job_run_reports_its_gpu_use_with_a_token_worth_only_that_run(ledger_hub: Hub) -> None:
+    """A job run has no lab and no server token: its wrapper pushes its share's figures with the
+    report token the hub issued it, so its hours are used or idle, not unmonitored. The token is
+    in the wrapper's private spec only (not the job's environment), reaches nothing but that
+    run's report, another user's token cannot report for the run, and it dies with the share."""
+    from tests.harness.jobs import put, until, user_client
+
+    hub = ledger_hub
+    hub.create_user("alice")
+    hub.create_user("mallory")
+    hub.start_server("alice", profile="cpu")  # her account and home
+    put(
+        hub,
+        "alice",
+        "train.py",
+        "import os, time\n"
+        "print('report token in my environment:', any('REPORT' in k for k in os.environ))\n"
+        "time.sleep(8)\n",
+    )
+    alice = user_client(hub, "alice")
+    body = {"name": "train", "kind": "script", "path": "train.py", "profile": "gpu-quarter"}
+    r = alice.post("/users/alice/jobs", json=body)
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    until(alice, f"/users/alice/jobs/{run_id}", "running", "succeeded", "failed")
+
+    # the wrapper's spec (root's, handed over on a descriptor) holds the run's report
+    (spec_file,) = hub.state_dir.glob(f"job-runs/run-{run_id}/attempt-1/spec.json")
+    report = json.loads(spec_file.read_text())["gpu_report"]
+    assert report["GPULAB_REPORT_NAME"] == f"job-{run_id}"
+    assert report["GPULAB_REPORT_USER"] == "alice"
+    token = report["GPULAB_REPORT_TOKEN"]
+    push_base = report["GPULAB_REPORT_URL"]
+
+    def push(user: str, name: str, with_token: str) -> httpx.Response:
+        return httpx.post(
+            f"{push_base}/{user}/{name}",
+            content=b'gpulab_gpu_utilization_ratio{gpu="x"} 0.5\n',
+            headers={"Authorization": f"token {with_token}"},
+            timeout=30,
+        )
+
+    # worth that run's report only: no hub API, not her server, not another run of hers
+    as_run = httpx.Client(
+        base_url=f"{hub.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30
+    )
+    # (JupyterHub tells any token whose it is: its owner's name and nothing more)
+    assert "servers" not in as_run.get("/users/alice").json()
+    assert as_run.get("/users/alice/tokens").status_code == 403
+    assert as_run.post("/users/alice/server").status_code == 403
+    assert as_run.get(f"/gpulab/users/alice/jobs/{run_id}").status_code == 403
+    assert push("alice", "", token).status_code == 403
+    assert push("alice", f"job-{run_id + 1}", token).status_code == 403
+    # another tenant's token cannot report for alice's run, nor can alice's own user token
+    mallory = hub.api("POST", "/users/mallory/tokens", json={"note": "t"}).json()["token"]
+    refused = push("alice", f"job-{run_id}", mallory)
+    assert refused.status_code == 403 and "mallory" in refused.json()["message"]
+    own = hub.api("POST", "/users/alice/tokens", json={"note": "t", "scopes": ["read:users!user"]})
+    assert push("alice", f"job-{run_id}", own.json()["token"]).status_code == 403
+
+    # the admin panel's live columns for the run, from its own report
+    def live_job() -> dict[str, Any] | None:
+        r = hub.api("GET", "/gpulab/admin/overview", params={"kind": "job"})
+        rows = [w for w in r.json()["workloads"] if w["id"] == f"alice/job-{run_id}"]
+        return rows[0] if rows and rows[0]["utilization"] is not None else None
+
+    job = wait_for("the run's live GPU figures in the admin overview", live_job, 30, 0.3)
+    assert job["monitored"] is True and job["utilization"] == pytest.approx(60)
+
+    done = until(alice, f"/users/alice/jobs/{run_id}", "succeeded", "failed", timeout=90)
+    assert done["state"] == "succeeded", (done, hub.log()[-3000:])
+    logs = alice.get(f"/users/alice/jobs/{run_id}/logs").json()["data"]
+    assert "report token in my environment: False" in logs, logs
+
+    # its hours: measured (60 % busy simulated GPU), not unmonitored
+    def job_row() -> dict[str, Any] | None:
+        rows = [
+            r
+            for r in usage(hub, by="workload", bucket="day")["rows"]
+            if r["workload"] == "job" and r["used_gpu_hours"] > 0
+        ]
+        return rows[0] if rows else None
+
+    row = wait_for("the run's used GPU-hours", job_row, 30, 0.5)
+    assert row["unmonitored_gpu_hours"] == 0.0
+    assert 0 < row["used_gpu_hours"] <= row["allocated_gpu_hours"]
+    assert row["idle_gpu_hours"] == pytest.approx(
+        row["allocated_gpu_hours"] - row["used_gpu_hours"]
+    )
+    # the share is given back: the token is gone from alice's tokens, and refused
+    wait_for(
+        "the run's report token revoked",
+        lambda: (
+            not [
+                t
+                for t in hub.api("GET", "/users/alice/tokens").json()["api_tokens"]
+                if t["note"].startswith("gpulab GPU report for ")
+            ]
+            or None
+        ),
+        30,
+        0.5,
+    )
+    # refused once gpulab-metrics' next listing no longer has the run (its cached answer about
+    # the token may be up to a minute old; the run's being gone is not)
+    wait_for(
+        "a push with the revoked token refused",
+        lambda: push("alice", f"job-{run_id}", token).status_code == 403 or None,
+        30,
+        0.5,
+    )

@@ -21,6 +21,7 @@ from gpulab.hub.ledger import (
     whole_second,
     workload_of,
 )
+from gpulab.hub.ledger.store import LiveFigure, figures_of_shares
 
 
 def holding(aid: str = "alice/", device: str = "gpu-0", milli: int = 250, **kw: object) -> Holding:
@@ -150,14 +151,31 @@ def test_a_job_takes_only_its_own_reports_never_a_servers_guessed_share():
     assert (row.used_gpu_hours, row.idle_gpu_hours) == (0.25, 0.75)
 
 
-def test_usage_of_a_device_outside_the_ledger_is_not_counted():
+def test_usage_of_someone_elses_device_or_of_a_workload_without_a_share_is_not_counted():
     interval = Interval(1, holding("alice/"), start=0, end=3600)
     usage = [
-        UsageSample("alice", "", "gpu-9", 0, 100.0, 3600),
-        UsageSample("bob", "", "gpu-0", 0, 100.0, 3600),
+        UsageSample("bob", "", "gpu-0", 0, 100.0, 3600),  # bob has no share here
+        UsageSample("alice", "job-9", "gpu-7", 0, 100.0, 3600),  # no share of that run's
     ]
     (row,) = rollup([interval], usage, since=0, until=3600, bucket="hour", by=("user",))
     assert row.used_gpu_seconds == 0.0
+
+
+def test_a_pods_physical_devices_fill_its_own_slots():
+    # on Kubernetes the allocator holds slots ("n1/gpu-0"); the pod's monitor names the physical
+    # devices the device plugin gave it: its own samples go to its own intervals, up to each's room
+    intervals = [
+        Interval(1, holding("alice/job-3", device="n1/gpu-0", milli=1000, workload="job"), 0, 3600),
+        Interval(2, holding("alice/job-3", device="n1/gpu-1", milli=1000, workload="job"), 0, 3600),
+        Interval(3, holding("bob/", device="n1/gpu-2", milli=1000), 0, 3600),
+    ]
+    usage = [
+        UsageSample("alice", "job-3", "GPU-aaaa", 0, used_gpu_seconds=3000, sampled_seconds=3600),
+        UsageSample("alice", "job-3", "GPU-bbbb", 0, used_gpu_seconds=3000, sampled_seconds=3600),
+        UsageSample("carol", "job-3", "GPU-cccc", 0, used_gpu_seconds=3000, sampled_seconds=3600),
+    ]
+    rows = rollup(intervals, usage, since=0, until=3600, bucket="hour", by=("user",))
+    assert {r.key: r.used_gpu_seconds for r in rows} == {("alice",): 6000.0, ("bob",): 0.0}
 
 
 def test_usage_goes_to_the_servers_own_allocation_first():
@@ -242,3 +260,34 @@ def test_workload_from_an_unlabelled_allocation_id(aid: str, kind: str):
 
 def test_whole_seconds_round_to_nearest():
     assert (whole_second(10.49), whole_second(10.5), whole_second(10.6)) == (10, 11, 11)
+
+
+def _figure(device: str, pct: float) -> LiveFigure:
+    return LiveFigure("alice", "job-3", device, 10.0, pct, 100.0, 1000.0, None, 5.0)
+
+
+def test_a_workloads_figures_are_matched_to_its_shares_by_name_then_by_count():
+    same = {"gpu-0": _figure("gpu-0", 10), "gpu-1": _figure("gpu-1", 20)}
+    assert [f and f.utilization_pct for f in figures_of_shares(["gpu-1", "gpu-0"], same)] == [
+        20,
+        10,
+    ]
+    # Kubernetes: slots in the allocator, physical devices in the pod
+    physical = {"MIG-b": _figure("MIG-b", 30), "MIG-a": _figure("MIG-a", 40)}
+    matched = figures_of_shares(["n1/mig-1g-0", "n1/mig-1g-1"], physical)
+    assert [f and f.device for f in matched] == ["MIG-a", "MIG-b"]
+    # a figure missing: no guessing which slot lacks it
+    assert figures_of_shares(["n1/gpu-0", "n1/gpu-1"], {"GPU-x": _figure("GPU-x", 1)}) == [
+        None,
+        None,
+    ]
+    assert figures_of_shares(["gpu-0"], {}) == [None]
+
+
+def test_use_of_an_open_interval_is_capped_at_what_it_held_until_the_rollups_end():
+    # a job held a quarter for 8 s so far (still open); its report already says 4 s were used
+    interval = Interval(1, holding("alice/job-1", milli=250, workload="job"), start=100)
+    usage = [UsageSample("alice", "job-1", "gpu-0", 0, used_gpu_seconds=4.0, sampled_seconds=7)]
+    (row,) = rollup([interval], usage, since=0, until=108, bucket="hour", by=())
+    assert row.allocated_milli_seconds == 2000
+    assert row.used_gpu_seconds == 2.0  # a quarter of 8 s, not of the rest of the hour

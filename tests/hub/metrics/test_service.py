@@ -82,6 +82,8 @@ class Hub:
     """What the test's hub knows: running servers and tokens."""
 
     running: set[tuple[str, str]] = field(default_factory=set)
+    #: allocation ids the allocator holds (GET /hub/api/gpulab/allocations)
+    allocations: set[str] = field(default_factory=set)
     tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
     down: bool = False
@@ -98,6 +100,17 @@ class Hub:
                 f"users:activity!user={user}",
                 f"read:users:name!user={user}",
             ],
+        }
+        return token
+
+    def report_token(self, user: str, workload: str) -> str:
+        """A job run's or Dask worker's report token, as gpulab.hub.report_tokens issues it."""
+        token = f"report-{user}-{workload}"
+        self.tokens[token] = {
+            "kind": "user",
+            "name": user,
+            "admin": False,
+            "scopes": [f"custom:gpulab:report-gpu!server={user}/{workload}"],
         }
         return token
 
@@ -148,6 +161,13 @@ class UserHandler(HubHandler):
         self.finish(json.dumps({"name": user, "servers": servers}))
 
 
+class AllocationsHandler(HubHandler):
+    def get(self) -> None:
+        assert self.request.headers["Authorization"] == f"token {SERVICE_TOKEN}"
+        allocations = [{"id": a, "owner": a.split("/")[0]} for a in sorted(self.hub.allocations)]
+        self.finish(json.dumps({"inventory": "test", "allocations": allocations}))
+
+
 @dataclass
 class World:
     hub: Hub
@@ -174,6 +194,7 @@ async def world(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
             (r"/hub/api/user", WhoAmIHandler),
             (r"/hub/api/users", UsersHandler),
             (r"/hub/api/users/([^/]+)", UserHandler),
+            (r"/hub/api/gpulab/allocations", AllocationsHandler),
         ],
         hub=hub,
     )
@@ -327,6 +348,120 @@ async def test_pushes_closer_than_the_minimum_interval_are_refused(world: World)
     assert world.service.aggregate.servers["ada/"].pushes == 1
 
 
+async def test_a_workloads_report_token_reports_for_that_workload_only_while_it_holds_a_share(
+    world: World,
+) -> None:
+    world.hub.running.add(("ada", ""))
+    world.hub.allocations |= {"ada/", "ada/job-7", "ada/dask-2-w0", "ada/dask-2-scheduler"}
+    await world.service.cycle()
+    # the scheduler holds no GPU and is no report target; the run and the worker are
+    assert set(world.service.aggregate.servers) == {"ada/", "ada/job-7", "ada/dask-2-w0"}
+    job = world.hub.report_token("ada", "job-7")
+    r = await world.push(job, "ada", "job-7", page([GPU("GPU-a", 40.0)], "x", "y"))
+    assert r.status_code == 202, r.text
+    assert r.json() == {"user": "ada", "server": "job-7", "series": 4}
+    util = families(exposition(world.service.aggregate))["gpulab_gpu_utilization_ratio"]
+    assert util == [({"gpu": "GPU-a", "user": "ada", "server": "job-7"}, 0.40)]
+
+    # the run's token reaches nothing else: not her server, not her worker
+    body = page([GPU("GPU-a")], "ada", "")
+    r = await world.push(job, "ada", "", body)
+    assert r.status_code == 403 and "lacks access:servers!server=ada/" in r.json()["message"]
+    r = await world.push(job, "ada", "dask-2-w0", body)
+    assert r.status_code == 403 and "is not 'dask-2-w0''s report token" in r.json()["message"]
+    # her server's token is no report token; bob's report token is for his own workloads only
+    r = await world.push(world.hub.server_token("ada", ""), "ada", "job-7", body)
+    assert r.status_code == 403 and "lacks custom:gpulab:report-gpu!server=ada/job-7" in r.text
+    r = await world.push(world.hub.report_token("bob", "job-7"), "ada", "job-7", body)
+    assert r.status_code == 403
+    assert (
+        r.json()["message"]
+        == "a token of 'bob' cannot report for a job run or Dask worker of 'ada'"
+    )
+
+    # the run ends (its share given back): forgotten at the next listing, then refused
+    world.hub.allocations.discard("ada/job-7")
+    await world.service.cycle()
+    assert "ada/job-7" not in world.service.aggregate.servers
+    r = await world.push(job, "ada", "job-7", body)
+    assert r.status_code == 403
+    assert r.json()["message"] == "'ada' has no job run or Dask worker 'job-7' on a GPU"
+
+
+async def test_a_run_admitted_since_the_last_listing_is_checked_with_the_hub(world: World) -> None:
+    await world.service.cycle()
+    world.hub.allocations.add("ada/job-8")
+    token = world.hub.report_token("ada", "job-8")
+    r = await world.push(token, "ada", "job-8", page([GPU("GPU-a")], "", ""))
+    assert r.status_code == 202, r.text
+    assert "/hub/api/gpulab/allocations" in world.hub.requests
+
+
+async def test_the_job_wrappers_reporter_pushes_a_runs_share_and_its_last_figures(
+    world: World, tmp_path: Any
+) -> None:
+    """jupyterlab_gpulab's WorkloadReporter (what the job wrapper runs) against the service:
+    its share's figures arrive as the run's, and closing it pushes once more."""
+    from jupyterlab_gpulab.reporter import Report, WorkloadReporter
+    from jupyterlab_gpulab.share import share_from_env
+
+    world.service.min_push_interval_seconds = 0.5
+    world.hub.allocations.add("ada/job-9")
+    await world.service.cycle()
+    figures = tmp_path / "gpus.json"
+    figures.write_text(json.dumps({"*": {"utilization_pct": 70}}))
+    env = {"GPULAB_GPU_UUIDS": "GPU-sim-0", "GPULAB_GPU_FRACTION": "0.25"}
+    report = Report(
+        world.push_url,
+        world.hub.report_token("ada", "job-9"),
+        "ada",
+        "job-9",
+        interval_seconds=30,
+        source="simulated",
+        simulated_file=str(figures),
+    )
+    reporter = WorkloadReporter(report, share=share_from_env(env), env=env)
+    reporter.start(asyncio.get_running_loop())
+    state = world.service.aggregate.servers["ada/job-9"]
+    for _ in range(100):
+        if state.pushes:
+            break
+        await asyncio.sleep(0.1)
+    assert state.pushes == 1
+    await reporter.close()  # waits out the service's minimum interval, then pushes the last
+    assert state.pushes == 2 and reporter.pusher.failures == 0
+    util = families(exposition(world.service.aggregate))["gpulab_gpu_utilization_ratio"]
+    assert util == [({"gpu": "GPU-sim-0", "user": "ada", "server": "job-9"}, 0.70)]
+
+
+def test_a_report_names_its_workload_and_refuses_what_is_wrong() -> None:
+    from jupyterlab_gpulab.reporter import Report
+
+    values = {
+        "GPULAB_REPORT_URL": "http://127.0.0.1:1/api/push",
+        "GPULAB_REPORT_TOKEN": "t",
+        "GPULAB_REPORT_USER": "ada",
+        "GPULAB_REPORT_NAME": "dask-3-w2",
+        "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "5",
+    }
+    report = Report.from_mapping(values)
+    assert report is not None and (report.user, report.name, report.interval_seconds) == (
+        "ada",
+        "dask-3-w2",
+        5.0,
+    )
+    assert Report.from_mapping({}) is None  # no report: a hub without gpulab-metrics
+    for key, bad, says in (
+        ("GPULAB_REPORT_NAME", "", "no job run's or Dask worker's name"),
+        ("GPULAB_REPORT_NAME", "train", "no job run's or Dask worker's name"),
+        ("GPULAB_REPORT_USER", "", "GPULAB_REPORT_USER is empty"),
+        ("GPULAB_METRICS_PUSH_INTERVAL_SECONDS", "soon", "is not a number"),
+        ("GPULAB_METRICS_PUSH_INTERVAL_SECONDS", "0", "must be more than 0"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            Report.from_mapping({**values, key: bad})
+
+
 async def test_idle_rule_fires_on_the_idle_server_only_and_lists_it_for_culling(
     world: World,
 ) -> None:
@@ -457,7 +592,7 @@ async def test_the_service_asks_the_hub_only_and_never_a_server(world: World) ->
     await world.push_page("bob", "", [GPU("GPU-b")])
     await world.service.cycle()
     paths = {uri.split("?")[0] for uri in world.hub.requests}
-    assert paths == {"/hub/api/users", "/hub/api/user"}
+    assert paths == {"/hub/api/users", "/hub/api/user", "/hub/api/gpulab/allocations"}
 
 
 def test_parse_exposition_forces_labels_and_converts_units():

@@ -6,6 +6,7 @@ restart; a run whose node is lost runs again on another node from its checkpoint
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -22,6 +23,7 @@ import pytest
 from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster, NodeSpec
+from gpulab.spawner.kube.job_objects import job_run_secret_name
 from tests.harness.hub import Hub, merged
 from tests.harness.jobs import until, user_client
 from tests.harness.kube import CONNECT_SCRIPT, KUBE_HUB_OVERLAY, kube_hub_overlay, pod_manifest
@@ -49,9 +51,21 @@ def cluster(make_dev_cluster: Any) -> DevCluster:
 
 
 @pytest.fixture
-def hub(make_hub: Any, cluster: DevCluster) -> Iterator[Hub]:
-    overlay = kube_hub_overlay(cluster, merged(KUBE_HUB_OVERLAY, JOBS_OVERLAY))
-    yield make_hub(overlay, env={"KUBECONFIG": str(cluster.kubeconfig)})
+def hub(make_hub: Any, cluster: DevCluster, shared_dir: Path) -> Iterator[Hub]:
+    # the job pods' GPU reports measure simulated devices (labelled so in their pushes), 60 %
+    # busy, every second
+    figures = shared_dir / "gpus.json"
+    figures.write_text(json.dumps({"*": {"utilization_pct": 60}}))
+    monitor = Config()
+    monitor.Spawner.environment = {
+        "GPULAB_MONITOR_SOURCE": "simulated",
+        "GPULAB_SIMULATED_GPU_FILE": str(figures),
+    }
+    overlay = kube_hub_overlay(cluster, merged(KUBE_HUB_OVERLAY, JOBS_OVERLAY, monitor))
+    yield make_hub(
+        overlay,
+        env={"KUBECONFIG": str(cluster.kubeconfig), "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "1"},
+    )
     # the cluster is the module's: what a test left (a failed one's Jobs) must not hold the next
     # test's GPUs
     cluster.api(
@@ -201,6 +215,14 @@ def test_a_script_job_on_a_gpu_share_runs_as_a_job_unreachable_by_another_tenant
     ]
     assert claims == ["gpulab-home-alice"]
     assert spec["automountServiceAccountToken"] is False
+    # the run's GPU report token is in its attempt's Secret (the wrapper's spec), never in the
+    # pod's spec or environment, where anyone who may read pods would see it
+    secret_name = job_run_secret_name("alice", run_id, 1)
+    secret = cluster.api("GET", f"/api/v1/namespaces/default/secrets/{secret_name}")
+    wrapper_spec = json.loads(base64.b64decode(secret["data"]["spec.json"]))
+    report = wrapper_spec["gpu_report"]
+    assert report["GPULAB_REPORT_NAME"] == f"job-{run_id}"
+    assert report["GPULAB_REPORT_TOKEN"] not in json.dumps(pod)
 
     # another tenant's pod (no egress policy of its own) cannot connect to the job: the job
     # pods' NetworkPolicy resets it; the hub's address may (the listener is there)
@@ -210,6 +232,17 @@ def test_a_script_job_on_a_gpu_share_runs_as_a_job_unreachable_by_another_tenant
     )
     assert probe == "refused", probe
     socket.create_connection((ip, 8888), timeout=5).close()
+
+    # the run's live GPU figures in the admin overview: the pod's monitor names the MIG
+    # instance the device plugin gave it, the allocator the slot; they are paired
+    def live_job() -> dict[str, Any] | None:
+        r = hub.api("GET", "/gpulab/admin/overview", params={"kind": "job"})
+        rows = [w for w in r.json()["workloads"] if w["id"] == f"alice/job-{run_id}"]
+        return rows[0] if rows and rows[0]["utilization"] is not None else None
+
+    job = wait_for("the run's live GPU figures", live_job, 30, 0.5)
+    assert job["utilization"] == 60.0
+    assert job["live"]["slices"][0]["device"].startswith("MIG-gj-mig-")
 
     put(home, "go", "")
     done = until(alice, f"/users/alice/jobs/{run_id}", "succeeded", "failed", timeout=90)
@@ -221,6 +254,17 @@ def test_a_script_job_on_a_gpu_share_runs_as_a_job_unreachable_by_another_tenant
     assert "\ndone\n" in logs["data"] and logs["ended"] is True
     assert f"alice/job-{run_id}" not in hub.allocations()
     assert hub.capacity()["a100-quarter"]["free"] == 3
+
+    # the pod's wrapper reported its share's figures from the pod network: its hours are
+    # measured (used and idle), not unmonitored
+    def job_row() -> dict[str, Any] | None:
+        r = hub.api("GET", "/gpulab/usage", params={"by": "workload", "bucket": "day"})
+        rows = [x for x in r.json()["rows"] if x["workload"] == "job" and x["used_gpu_hours"] > 0]
+        return rows[0] if rows else None
+
+    row = wait_for("the run's used GPU-hours from its pod's reports", job_row, 30, 0.5)
+    assert row["unmonitored_gpu_hours"] == 0.0
+    assert 0 < row["used_gpu_hours"] <= row["allocated_gpu_hours"]
     wait_for(
         "the finished Job to be deleted",
         lambda: not job_exists(cluster, meta["labels"]["job-name"]),

@@ -29,8 +29,8 @@ const USED_COLOR = 'hsl(140, 55%, 45%)';
 const IDLE_COLOR = 'hsl(30, 85%, 60%)';
 const UNMONITORED_COLOR = 'hsl(220, 10%, 70%)';
 
-/** Users by GPU-hours over a chosen window: used, idle and unmonitored (job runs and Dask
- * workers, which push no GPU figures) stacked, together what each was allocated; and the
+/** Users by GPU-hours over a chosen window: used, idle and unmonitored (external GPU pods,
+ * which report no GPU figures) stacked, together what each was allocated; and the
  * server's CSV of the same window. */
 export function TopConsumers({ apiUrl }: { apiUrl: string }) {
   const [windowKey, setWindowKey] = useState('7d');
@@ -117,7 +117,7 @@ export function TopConsumers({ apiUrl }: { apiUrl: string }) {
                   backgroundColor: IDLE_COLOR
                 },
                 {
-                  label: 'Unmonitored GPU-hours (jobs, Dask workers)',
+                  label: 'Unmonitored GPU-hours (external GPU pods)',
                   data: top.map(c => c.unmonitored),
                   backgroundColor: UNMONITORED_COLOR
                 }
