@@ -796,11 +796,17 @@ class LocalDaskExecutor:
         placement: Placement,
         scheduler_address: str,
         tls: ClusterTLS,
+        report: Mapping[str, str] | None = None,
     ) -> Handle:
         argv = worker_args(placement, scheduler_address, worker.number, self.python)
         account, home = await self._account(cluster.owner)
         files = await asyncio.to_thread(self._prepare, cluster, account, tls)
         env = self._environment(account, home, files, self.worker_environment(cluster, placement))
+        # the GPU report (its token: reporting for this worker only) in this worker's environment
+        # alone: the owner's own process, whose /proc/<pid>/environ no other account reads, reached
+        # through the fork server's private socket pair or Popen's env; never argv (world-readable
+        # in /proc), never the scheduler's. The spec cannot name these (GPULAB_* is reserved).
+        env.update(report or {})
         shares = ", ".join(f"{s.uuid} ({s.milli / 1000:g} GPU)" for s in placement.gpus) or "none"
         handle = await self._launch(
             "worker",
