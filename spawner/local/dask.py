@@ -88,6 +88,7 @@ from gpulab.hub.allocator import Placement
 from gpulab.hub.dask import Cluster, Worker, worker_name
 from gpulab.hub.daskservice.executor import ClusterTLS, Handle, SchedulerStarted
 from gpulab.spawner.environment import assigned_gpus, gpu_environment, with_caps_hook
+from gpulab.spawner.gpu_mixin import inventory_environment
 from gpulab.spawner.local.accounts import SystemAccount
 from gpulab.spawner.local.processes import (
     ProcessError,
@@ -415,9 +416,13 @@ class LocalDaskExecutor:
         poll_seconds: float = 0.1,
         forkserver: bool = True,
         forkserver_idle_seconds: float = 60.0,
+        inventory_of: Callable[[str], str] = lambda node: "",
     ) -> None:
         self.clusters_dir = Path(state_dir) / "dask-clusters"
         self.account_for, self.gpu_of = account_for, gpu_of
+        #: how a node's GPUs are known ("declared", "simulated", "" when measured), so that
+        #: a worker on declared GPUs simulates its share's figures as a server there does
+        self.inventory_of = inventory_of
         self.python = python
         self.start_timeout = start_timeout
         self.poll_seconds = poll_seconds
@@ -785,6 +790,8 @@ class LocalDaskExecutor:
         env = dict(cluster.spec.environment)
         gpu_env = self.placement_environment(placement)
         env.update(gpu_env)
+        if placement.gpus:
+            env.update(inventory_environment(self.inventory_of(placement.node)))
         if gpu_env.get(CAPS_HOOK_ENV) == "1":
             env["PYTHONPATH"] = with_caps_hook(cluster.spec.environment.get("PYTHONPATH"))
         return env
