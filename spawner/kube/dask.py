@@ -16,10 +16,9 @@ start_worker     one `DaskWorkerGroup` of one replica per worker, its pod holdin
                  placement (and, where the hub gives one, the worker's GPU report from a Secret
                  of its own, owned by the group); returns once the operator made its pod.
 stop             deletes the worker group and its report Secret (or, for the scheduler, the
-                 DaskCluster, its Secret and
-                 policies), SIGTERMs the pods (their grace: `grace_seconds`), force-deletes what
-                 is left after it and pods of lost nodes at once (no kubelet will confirm), and
-                 returns only when no pod of it exists.
+                 DaskCluster, its Secret and policies), SIGTERMs the pods (their grace:
+                 `grace_seconds`), force-deletes what is left after it and pods of lost nodes
+                 at once (no kubelet will confirm), and returns only when no pod of it exists.
 running          the object exists, is not being deleted, and no pod of it sits on a lost node
                  (NotReady or gone for `node_failure_seconds`); the Deployment the operator made
                  restarts a crashed process, as a kubelet does.

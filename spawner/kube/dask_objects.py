@@ -232,9 +232,11 @@ def report_secret_manifest(
     settings: KubeDaskSettings,
 ) -> dict[str, Any]:
     """Worker `number`'s GPU report (Opaque, immutable), one key per variable, in the owner's
-    namespace. Only the hub (its service account) and the pods of that namespace's own workloads
-    read it; another tenant's namespace holds no reference to it. Create it before the worker
-    group (its pod needs it to start), then `report_owner_patch` once the group exists."""
+    namespace. As with the TLS Secret, only the hub (its service account) and the pod that
+    references it read it: users hold no Kubernetes permission (their pods mount no service
+    account token), and every pod spec is the hub's, naming only its own workload's Secrets.
+    Create it before the worker group (its pod needs it to start), then `report_owner_patch`
+    once the group exists."""
     name = cluster_name(owner, cluster_id)
     return {
         "apiVersion": "v1",
