@@ -50,6 +50,21 @@ def _status_for(error: AllocationError) -> int:
     return 400
 
 
+def node_inventory(inventory: Any, node_name: str) -> str:
+    """How `inventory`'s node `node_name` knows its GPUs: 'declared' or 'simulated' (nothing to
+    measure), '' for GPUs the driver reports or an unknown node (pure)."""
+    for node in inventory.nodes:
+        if node.name == node_name:
+            return str(node.labels.get(INVENTORY_LABEL, ""))
+    return ""
+
+
+def inventory_environment(kind: str) -> dict[str, str]:
+    """GPU_INVENTORY_ENV for a node of inventory `kind` whose GPUs nothing can measure, so a
+    server's or Dask worker's monitor simulates the GPUs the hub placed it on (pure)."""
+    return {GPU_INVENTORY_ENV: kind} if kind in (DECLARED_INVENTORY, SIMULATED_INVENTORY) else {}
+
+
 class GPUSpawnerMixin(Configurable):
     """Profiles, quotas and GPU allocation for a JupyterHub spawner (see `GPUCapacity` for the
     catalog, inventory and quota settings)."""
@@ -355,18 +370,12 @@ class GPUSpawnerMixin(Configurable):
     def node_inventory(self, node_name: str) -> str:
         """How the node's GPUs are known: 'declared' or 'simulated' (nothing to measure: the
         server's monitor simulates them), '' for GPUs the driver reports or an unknown node."""
-        for node in self.gpu_capacity.inventory.nodes:
-            if node.name == node_name:
-                return str(node.labels.get(INVENTORY_LABEL, ""))
-        return ""
+        return node_inventory(self.gpu_capacity.inventory, node_name)
 
     def inventory_environment(self, placement: Placement) -> dict[str, str]:
         """GPU_INVENTORY_ENV when the placement's node is declared (no device to measure), so
         the server's monitor simulates the GPUs the hub placed it on."""
-        kind = self.node_inventory(placement.node)
-        return (
-            {GPU_INVENTORY_ENV: kind} if kind in (DECLARED_INVENTORY, SIMULATED_INVENTORY) else {}
-        )
+        return inventory_environment(self.node_inventory(placement.node))
 
     def restore_placement(self) -> None:
         """After a hub restart, pick our placement back up from the allocator's store."""

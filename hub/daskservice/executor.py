@@ -71,12 +71,20 @@ class DaskExecutor(Protocol):
         placement: Placement,
         scheduler_address: str,
         tls: ClusterTLS,
+        report: Mapping[str, str] | None = None,
     ) -> Handle:
         """Start worker ``worker.number`` on ``placement`` (its GPU share's environment:
         CUDA_VISIBLE_DEVICES, the GPULAB_* share variables, dask-cuda's worker where it holds a
         GPU) as the owner, named ``worker_name(worker.number)`` so the scheduler's view maps
         back to it; returns its handle once the process or pod exists (joining the scheduler is
-        the service's to watch). Raises having left nothing running."""
+        the service's to watch). Raises having left nothing running.
+
+        ``report``: the worker's GPU report (``gpulab.hub.report_tokens``: REPORT_*_ENV and
+        the push interval, with a token worth only reporting for this one worker), which its
+        preload pushes with. It goes into the worker's environment only, as privately as the
+        TLS key: the owner's own process (never argv, never the scheduler) locally, a Secret
+        the pod's variables reference on Kubernetes (never a literal in the pod). None: the
+        hub runs no gpulab-metrics."""
 
     async def stop(self, handle: Handle, grace_seconds: float) -> None:
         """Stop a scheduler or worker: SIGTERM (pod deletion), kill after ``grace_seconds``;

@@ -27,6 +27,7 @@ from gpulab.hub.dask import (
     ClusterStore,
 )
 from gpulab.hub.hub_service import hub_started, wait_started
+from gpulab.hub.report_tokens import ReportTokens
 
 from .executor import ClusterTLS, RunsDaskClusters
 from .service import DaskService
@@ -155,6 +156,7 @@ class GPUDask(SingletonConfigurable):
                 MIN_IDLE_TIMEOUT_SECONDS,
                 min(self.max_idle_timeout_seconds, MAX_IDLE_TIMEOUT_SECONDS),
             )
+            reports = ReportTokens.of(app)
             service = DaskService(
                 self.store,
                 capacity,
@@ -168,9 +170,11 @@ class GPUDask(SingletonConfigurable):
                 scheduler_memory_mib=self.scheduler_memory_mib,
                 affinity_group_of=affinity_group_of,
                 notebook_of=notebook_of,
+                report_for=reports.issue,
             )
             await capacity.ready()
             await service.start()
+            reports.sweep()  # after recovery: workers that ended while the hub was away
         except Exception as e:
             self.log.exception("gpulab: Dask clusters could not start")
             self.unavailable = f"Dask clusters could not start: {e}"

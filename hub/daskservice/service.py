@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,6 +181,7 @@ class DaskService:
         scheduler_memory_mib: int = 1024,
         affinity_group_of: Callable[[Cluster], str | None] = lambda cluster: None,
         notebook_of: Callable[[Cluster], str | None] = lambda cluster: None,
+        report_for: Callable[[str], Mapping[str, str] | None] | None = None,
     ) -> None:
         self.store, self.capacity, self.executor, self.clock = store, capacity, executor, clock
         self.make_tls = make_tls
@@ -193,6 +194,9 @@ class DaskService:
         self.affinity_group_of = affinity_group_of
         #: the allocation id of the server a cluster came from (its workers prefer its node)
         self.notebook_of = notebook_of
+        #: a worker's GPU report for its allocation id (the hub's `ReportTokens.issue`: a token
+        #: of its own, revoked when the share is given back); None: no reports
+        self.report_for = report_for
         self._tracked: dict[int, _Tracked] = {}
         self._admitting = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -610,8 +614,12 @@ class DaskService:
         tls = await self.tls_of(cluster.id)
         try:
             assert tls is not None, "the cluster's TLS material is missing"
+            # issued once the share is held, so the allocator's release revokes it with the
+            # share; a worker without a GPU has nothing to report, so it gets no token at all
+            report_for = self.report_for if placement.gpus else None
+            report = report_for(placement.request.id) if report_for is not None else None
             handle = await self.executor.start_worker(
-                cluster, worker, placement, cluster.scheduler_address, tls
+                cluster, worker, placement, cluster.scheduler_address, tls, report
             )
         except Exception as e:  # the executor left nothing running (its contract)
             log.warning(

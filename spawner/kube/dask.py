@@ -13,11 +13,12 @@ start_scheduler  the cluster's NetworkPolicies (before any pod: never up unprote
                  (the address the hub, the workers and the owner's pods reach alike). A start
                  that fails deletes what it made.
 start_worker     one `DaskWorkerGroup` of one replica per worker, its pod holding the worker's
-                 placement; returns once the operator made its pod.
-stop             deletes the worker group (or, for the scheduler, the DaskCluster, its Secret and
-                 policies), SIGTERMs the pods (their grace: `grace_seconds`), force-deletes what
-                 is left after it and pods of lost nodes at once (no kubelet will confirm), and
-                 returns only when no pod of it exists.
+                 placement (and, where the hub gives one, the worker's GPU report from a Secret
+                 of its own, owned by the group); returns once the operator made its pod.
+stop             deletes the worker group and its report Secret (or, for the scheduler, the
+                 DaskCluster, its Secret and policies), SIGTERMs the pods (their grace:
+                 `grace_seconds`), force-deletes what is left after it and pods of lost nodes
+                 at once (no kubelet will confirm), and returns only when no pod of it exists.
 running          the object exists, is not being deleted, and no pod of it sits on a lost node
                  (NotReady or gone for `node_failure_seconds`); the Deployment the operator made
                  restarts a crashed process, as a kubelet does.
@@ -65,6 +66,9 @@ from gpulab.spawner.kube.dask_objects import (
     dask_network_policy,
     dask_worker_group_manifest,
     network_policy_name,
+    report_owner_patch,
+    report_secret_manifest,
+    report_secret_name,
     scheduler_name,
     tls_secret_manifest,
     tls_secret_name,
@@ -297,6 +301,7 @@ class KubeDaskExecutor:
         placement: Placement,
         scheduler_address: str,
         tls: ClusterTLS,
+        report: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         target = await self.target_for(cluster.owner)
         profile = target.profile(cluster.spec.profile)
@@ -316,13 +321,23 @@ class KubeDaskExecutor:
             memory_mib=profile.mem_limit_mib or 0,
             environment=cluster.spec.environment,
             settings=s,
+            report_keys=tuple(report or ()),
         )
         core, custom = CoreV1Api(target.api_client), CustomObjectsApi(target.api_client)
         try:
             await self._stop_worker_objects(target, handle, grace=0)  # left by an earlier start
-            await custom.create_namespaced_custom_object(
+            if report:
+                # the token in a Secret of the owner's namespace, referenced by the pod, never a
+                # literal of the group, the Deployment or the pod (dask_objects' docstring)
+                secret = report_secret_manifest(cluster.owner, cluster.id, worker.number, report, s)
+                await core.create_namespaced_secret(s.namespace, cast(Any, secret))
+            made = await custom.create_namespaced_custom_object(
                 GROUP, VERSION, s.namespace, "daskworkergroups", body
             )
+            if report:
+                await core.patch_namespaced_secret(
+                    secret["metadata"]["name"], s.namespace, report_owner_patch(made)
+                )
             deadline = time.monotonic() + target.start_timeout
             while not await self._pods(core, handle):
                 if time.monotonic() > deadline:
@@ -381,6 +396,12 @@ class KubeDaskExecutor:
         )
         await self._wait_pods_gone(target, h, grace)
         await self._wait_object_gone(target, h)
+        # the garbage collector would take it with the group; not waited for (nor for a report
+        # of a start that failed before the group was made)
+        core = CoreV1Api(target.api_client)
+        await _delete(
+            core.delete_namespaced_secret(report_secret_name(h.cluster, h.worker), h.namespace)
+        )
 
     async def _wait_object_gone(self, target: KubeDaskTarget, h: KubeDaskHandle) -> None:
         """Its pods are gone (what the share waits for); the object itself follows once the

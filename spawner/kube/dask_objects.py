@@ -27,7 +27,18 @@ owner's pods (her servers, jobs and other clusters' pods: label `hub.jupyter.org
 the hub, and reach only each other, DNS and (as servers) the internet without private ranges;
 `dask_client_network_policy` lets the owner's pods reach her cluster (the servers' own policy
 allows no private address). Another tenant's pod is refused by the scheduler's ingress rules
-before TLS is even tried.
+before TLS is even tried. Where the hub runs gpulab-metrics, the cluster's pods also reach the
+hub (its pods or `hub_cidrs`) on the metrics service's push port, and on no other port of it:
+workers push their GPU figures there.
+
+GPU report. A worker holding a GPU share gets the hub's report for it (`gpulab.hub.report_tokens`:
+the push URL, a token worth only reporting for that worker, its name and owner) from a Secret of
+its own (`report_secret_manifest`, `<cluster>-w<n>-report`), through `valueFrom.secretKeyRef`:
+the token is never a literal of the DaskWorkerGroup or its pod, which the operator copies into a
+Deployment and whose specs more people and controllers read than the Secret. The Secret is
+owned by the worker group once it exists (`report_owner_patch`: the garbage collector deletes it
+with the group) and deleted by the executor with the worker's pods; the token itself is revoked
+when the worker's share is given back.
 
 Names. A cluster's objects are `gpulab-dask-<owner>-<id>` (cut, with a hash, to fit the
 operator's 53-character cluster names), `...-scheduler` (the operator's Deployment and Service),
@@ -109,6 +120,9 @@ class KubeDaskSettings:
         default_factory=lambda: {"app": "jupyterhub", "component": "hub"}
     )
     hub_cidrs: tuple[str, ...] = ()
+    #: the gpulab-metrics push port(s) on the hub (GPUKubeSpawner's push URL, as servers' policy
+    #: allows it); empty: the hub runs no gpulab-metrics, and the pods reach nothing of the hub
+    hub_push_ports: tuple[int, ...] = ()
     allow_internet: bool = True
     cloud_metadata_ip: str = CLOUD_METADATA_IP
 
@@ -138,6 +152,11 @@ def worker_group_name(name: str, number: int) -> str:
 
 def tls_secret_name(name: str) -> str:
     return f"{name}-tls"
+
+
+def report_secret_name(name: str, number: int) -> str:
+    """The Secret of worker `number`'s GPU report: `<cluster>-w<n>-report`."""
+    return f"{worker_group_name(name, number)}-report"
 
 
 def network_policy_name(name: str) -> str:
@@ -203,6 +222,59 @@ def tls_secret_manifest(
             TLS_KEY_KEY: base64.b64encode(key_pem.encode()).decode(),
         },
     }
+
+
+def report_secret_manifest(
+    owner: str,
+    cluster_id: int,
+    number: int,
+    report: Mapping[str, str],
+    settings: KubeDaskSettings,
+) -> dict[str, Any]:
+    """Worker `number`'s GPU report (Opaque, immutable), one key per variable, in the owner's
+    namespace. As with the TLS Secret, only the hub (its service account) and the pod that
+    references it read it: users hold no Kubernetes permission (their pods mount no service
+    account token), and every pod spec is the hub's, naming only its own workload's Secrets.
+    Create it before the worker group (its pod needs it to start), then `report_owner_patch`
+    once the group exists."""
+    name = cluster_name(owner, cluster_id)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "immutable": True,
+        "metadata": {
+            "name": report_secret_name(name, number),
+            "namespace": settings.namespace,
+            "labels": dask_labels(owner, cluster_id, settings.labels, worker=number),
+            "annotations": {USERNAME_LABEL: owner},
+        },
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in sorted(report.items())},
+    }
+
+
+def report_environment(secret_name: str, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """The worker container's report variables, each a reference to its key of the report's
+    Secret, never its value (see the module docstring)."""
+    return [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": k}}}
+        for k in sorted(keys)
+    ]
+
+
+def report_owner_patch(group: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch that makes the created worker `group` (with its uid) the owner of its
+    report's Secret, so the garbage collector deletes the Secret with the group."""
+    meta = group["metadata"]
+    if not meta.get("uid"):
+        raise ValueError(f"DaskWorkerGroup {meta.get('name')!r} has no uid: patch it once made")
+    reference = {
+        "apiVersion": DASK_API,
+        "kind": "DaskWorkerGroup",
+        "name": meta["name"],
+        "uid": meta["uid"],
+    }
+    return {"metadata": {"ownerReferences": [reference]}}
 
 
 def _security(settings: KubeDaskSettings) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -423,6 +495,7 @@ def dask_worker_group_manifest(
     memory_mib: int,
     settings: KubeDaskSettings,
     environment: Mapping[str, str] | None = None,
+    report_keys: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The `DaskWorkerGroup` of worker `number`: one replica whose pod holds `placement` (the
     worker's allocation) as a job pod would (`pod`: `GPUKubeSpawner.placed_job_pod(profile,
@@ -430,7 +503,8 @@ def dask_worker_group_manifest(
     `worker_name(number)` that joins `scheduler_address` (`tls://...`) with the cluster's TLS.
     `environment`: the cluster spec's variables (ClusterSpec refuses the names gpulab sets, which
     come after them and win). They are in the worker group's pod spec, which the hub and the
-    namespace's admins read, never another tenant."""
+    namespace's admins read, never another tenant. `report_keys`: the variables of the worker's
+    GPU report, read from its Secret (`report_secret_manifest`) by reference only."""
     name = cluster_name(owner, cluster_id)
     labels = dask_labels(owner, cluster_id, settings.labels, worker=number)
     env: dict[str, dict[str, Any]] = {}
@@ -442,6 +516,8 @@ def dask_worker_group_manifest(
     ):
         env[key] = {"name": key, "value": value}
     for entry in tls_environment():
+        env[entry["name"]] = entry
+    for entry in report_environment(report_secret_name(name, number), report_keys):
         env[entry["name"]] = entry
     threads = max(1, -(-cpu_milli // 1000)) if cpu_milli else 1
     container: dict[str, Any] = {
@@ -504,6 +580,22 @@ def dask_network_policy(owner: str, cluster_id: int, settings: KubeDaskSettings)
     members = {"podSelector": {"matchLabels": {OPERATOR_CLUSTER_LABEL: name}}}
     # as servers: DNS and the internet, never private ranges besides the cluster's own pods
     egress: list[dict[str, Any]] = [{"to": [members]}, dns_egress()]
+    if settings.hub_push_ports:
+        # workers -> gpulab-metrics' push port (their GPU reports), as servers and job pods push;
+        # nothing else of the hub's pod or machine. A push needs a token the service checks
+        # against the worker's own allocation, so the scheduler reaching it gains nothing.
+        egress.append(
+            {
+                "ports": [
+                    {"port": port, "protocol": "TCP"}
+                    for port in sorted(set(settings.hub_push_ports))
+                ],
+                "to": [
+                    {"podSelector": {"matchLabels": dict(settings.hub_selector)}},
+                    *[{"ipBlock": {"cidr": c}} for c in cidrs],
+                ],
+            }
+        )
     if settings.allow_internet:
         egress.append(internet_egress(settings.cloud_metadata_ip))
     return {
@@ -564,6 +656,10 @@ __all__ = [
     "dask_network_policy",
     "dask_worker_group_manifest",
     "network_policy_name",
+    "report_environment",
+    "report_owner_patch",
+    "report_secret_manifest",
+    "report_secret_name",
     "scheduler_name",
     "tls_secret_manifest",
     "tls_secret_name",

@@ -189,12 +189,16 @@ class KubeIsolationMixin(Configurable):
 
     def _hub_ports(self) -> list[int]:
         """The hub API's port, and the metrics service's where servers push their figures."""
-        ports = [urlparse(self.hub.api_url).port or 8081]
+        return [urlparse(self.hub.api_url).port or 8081, *self._push_ports()]
+
+    def _push_ports(self) -> list[int]:
+        """The metrics service's port where servers, job runs and Dask workers push their GPU
+        figures (none when the hub runs no gpulab-metrics)."""
         push = self.environment.get(PUSH_URL_ENV) if isinstance(self.environment, dict) else None
-        if isinstance(push, str) and push:
-            parsed = urlparse(push)
-            ports.append(parsed.port or (443 if parsed.scheme == "https" else 80))
-        return ports
+        if not isinstance(push, str) or not push:
+            return []
+        parsed = urlparse(push)
+        return [parsed.port or (443 if parsed.scheme == "https" else 80)]
 
     def job_network_policy_manifest(self) -> dict[str, Any]:
         """The NetworkPolicy of the job pods (`gpulab.spawner.kube.jobs`): the servers' rules

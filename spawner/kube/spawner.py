@@ -537,6 +537,7 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
             labels=dict(self.common_labels),
             hub_selector=dict(self.network_policy_hub_labels),
             hub_cidrs=tuple(self.network_policy_hub_cidrs),
+            hub_push_ports=tuple(self._push_ports()),
             allow_internet=self.network_policy_allow_internet,
             cloud_metadata_ip=self.cloud_metadata_ip,
         )

@@ -88,6 +88,7 @@ from gpulab.hub.allocator import Placement
 from gpulab.hub.dask import Cluster, Worker, worker_name
 from gpulab.hub.daskservice.executor import ClusterTLS, Handle, SchedulerStarted
 from gpulab.spawner.environment import assigned_gpus, gpu_environment, with_caps_hook
+from gpulab.spawner.gpu_mixin import inventory_environment
 from gpulab.spawner.local.accounts import SystemAccount
 from gpulab.spawner.local.processes import (
     ProcessError,
@@ -415,9 +416,13 @@ class LocalDaskExecutor:
         poll_seconds: float = 0.1,
         forkserver: bool = True,
         forkserver_idle_seconds: float = 60.0,
+        inventory_of: Callable[[str], str] = lambda node: "",
     ) -> None:
         self.clusters_dir = Path(state_dir) / "dask-clusters"
         self.account_for, self.gpu_of = account_for, gpu_of
+        #: how a node's GPUs are known ("declared", "simulated", "" when measured), so that
+        #: a worker on declared GPUs simulates its share's figures as a server there does
+        self.inventory_of = inventory_of
         self.python = python
         self.start_timeout = start_timeout
         self.poll_seconds = poll_seconds
@@ -785,6 +790,8 @@ class LocalDaskExecutor:
         env = dict(cluster.spec.environment)
         gpu_env = self.placement_environment(placement)
         env.update(gpu_env)
+        if placement.gpus:
+            env.update(inventory_environment(self.inventory_of(placement.node)))
         if gpu_env.get(CAPS_HOOK_ENV) == "1":
             env["PYTHONPATH"] = with_caps_hook(cluster.spec.environment.get("PYTHONPATH"))
         return env
@@ -796,11 +803,17 @@ class LocalDaskExecutor:
         placement: Placement,
         scheduler_address: str,
         tls: ClusterTLS,
+        report: Mapping[str, str] | None = None,
     ) -> Handle:
         argv = worker_args(placement, scheduler_address, worker.number, self.python)
         account, home = await self._account(cluster.owner)
         files = await asyncio.to_thread(self._prepare, cluster, account, tls)
         env = self._environment(account, home, files, self.worker_environment(cluster, placement))
+        # the GPU report (its token: reporting for this worker only) in this worker's environment
+        # alone: the owner's own process, whose /proc/<pid>/environ no other account reads, reached
+        # through the fork server's private socket pair or Popen's env; never argv (world-readable
+        # in /proc), never the scheduler's. The spec cannot name these (GPULAB_* is reserved).
+        env.update(report or {})
         shares = ", ".join(f"{s.uuid} ({s.milli / 1000:g} GPU)" for s in placement.gpus) or "none"
         handle = await self._launch(
             "worker",

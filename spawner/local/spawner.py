@@ -340,10 +340,16 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         Never as the hub's account: where servers share it (server_accounts = 'hub') clusters
         are refused, since a cluster runs any code its clients send, with the hub's files at
         hand."""
+        from gpulab.hub.capacity import GPUCapacity
+        from gpulab.spawner.gpu_mixin import node_inventory
         from gpulab.spawner.local.dask import DaskExecutorError, LocalDaskExecutor
 
+        def inventory_of(node: str) -> str:
+            # the hub's capacity, made before its executors (the singleton its spawners share)
+            return node_inventory(GPUCapacity.instance().inventory, node)
+
         workspace_for = _owner_workspace(spawner_for, DaskExecutorError, "Dask clusters")
-        return LocalDaskExecutor(state_dir, workspace_for, gpu_of)
+        return LocalDaskExecutor(state_dir, workspace_for, gpu_of, inventory_of=inventory_of)
 
 
 def _owner_workspace(

@@ -227,6 +227,7 @@ def spawners_policies(config: Config) -> list[dict[str, Any]]:
         hub=SimpleNamespace(api_url=config.JupyterHub.hub_connect_url.rstrip("/") + "/hub/api"),
     )
     spawner._hub_ports = lambda: KubeIsolationMixin._hub_ports(spawner)  # type: ignore[arg-type]
+    spawner._push_ports = lambda: KubeIsolationMixin._push_ports(spawner)  # type: ignore[arg-type]
     spawner.network_policy_manifest = lambda: KubeIsolationMixin.network_policy_manifest(spawner)  # type: ignore[arg-type]
     spawner.job_network_policy_name = f"{spawner.network_policy_name}-jobs"
     return [

@@ -12,16 +12,26 @@ The source is sampled by the monitor's ``Sampler`` thread (NVML calls may block 
 milliseconds); the worker's periodic monitor update only reads the latest sample, so the event
 loop never waits for the driver. A worker without a GPU share reports no GPU at all, even where
 the machine has GPUs (they are not its own).
+
+The same samples are the worker's GPU report (``jupyterlab_gpulab.reporter``): where the hub runs
+gpulab-metrics it gives each worker holding a GPU share a report in its environment (REPORT_*_ENV
+of ``gpulab.spawner.names``), and a ``WorkloadReporter`` on the worker's own event loop pushes the
+share's figures for ``<owner>/dask-<cluster>-w<n>``, so the ledger measures the worker's GPU-hours
+as a server's. Its token is worth only reporting for this one worker and dies with the share; it
+is taken out of ``os.environ`` once read, so the processes the owner's tasks start do not inherit
+it. ``dask_teardown`` pushes the last stretch before the worker (and then its share) goes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
 
-from gpulab.spawner.names import MONITOR_SOURCE_ENV
+from gpulab.spawner.names import MONITOR_SOURCE_ENV, REPORT_TOKEN_ENV, SIMULATED_GPU_FILE_ENV
 
+from .reporter import WorkloadReporter, reporter_from_mapping
 from .sampler import Sample, Sampler
 from .share import Share, share_from_env
 from .sources import DeviceInfo, Source, select_source
@@ -33,6 +43,11 @@ MIB = 1024 * 1024
 GPU_QUANTITIES = ("gpu_utilization", "gpu_memory_used", "gpu-memory-total")
 #: how often the share is sampled (distributed's own monitor runs every 0.5 s)
 PERIOD_SECONDS = 1.0
+#: the final push at teardown waits at most this long: the executor kills a worker that
+#: outstays its stop grace, and a hung push must not be why
+FINAL_PUSH_SECONDS = 5.0
+#: the report's first push waits at most this long for the sampler's first sample
+FIRST_SAMPLE_SECONDS = 2 * PERIOD_SECONDS
 
 
 def gpu_name(devices: list[DeviceInfo], share: Share) -> str:
@@ -143,10 +158,15 @@ class ShareMonitor:
         self.source.close()
 
 
-def dask_setup(worker: Any) -> None:
-    """distributed's preload hook (``--preload jupyterlab_gpulab.dask_preload``)."""
+async def dask_setup(worker: Any) -> None:
+    """distributed's preload hook (``--preload jupyterlab_gpulab.dask_preload``), awaited on the
+    worker's event loop as it starts."""
     share = share_from_env()
-    source = select_source(os.environ.get(MONITOR_SOURCE_ENV, "auto") or "auto", share)
+    source = select_source(
+        os.environ.get(MONITOR_SOURCE_ENV, "auto") or "auto",
+        share,
+        script_path=os.environ.get(SIMULATED_GPU_FILE_ENV) or None,
+    )
     monitor = ShareMonitor(worker, source, share)
     monitor.install()
     worker._gpulab_share_monitor = monitor
@@ -156,9 +176,44 @@ def dask_setup(worker: Any) -> None:
         len(monitor.devices),
         f", {share.profile}" if share.profile else "",
     )
+    worker._gpulab_reporter = await start_report(monitor, os.environ)
 
 
-def dask_teardown(worker: Any) -> None:
+async def start_report(monitor: ShareMonitor, environ: Any) -> WorkloadReporter | None:
+    """The worker's GPU report started on the running loop (the worker's), over the monitor's
+    samples; None without a report or without a GPU share (nothing to report: no devices, no
+    sampler). The token is removed from `environ` either way: the owner's task subprocesses
+    need not carry it (it could only report for this worker, but the fewer copies the better)."""
+    try:
+        reporter = (
+            reporter_from_mapping(environ, latest=monitor.sampler.latest)
+            if monitor.devices
+            else None
+        )
+    finally:
+        environ.pop(REPORT_TOKEN_ENV, None)
+    if reporter is None:
+        return None
+    # the first push goes out at once: it carries figures once the sampler thread's first
+    # sample is in (milliseconds; waited for without blocking the loop, and not forever)
+    for _ in range(round(FIRST_SAMPLE_SECONDS / 0.05)):
+        if monitor.sampler.latest() is not None:
+            break
+        await asyncio.sleep(0.05)
+    reporter.start(asyncio.get_running_loop())
+    return reporter
+
+
+async def dask_teardown(worker: Any) -> None:
+    """distributed's preload teardown (awaited as the worker closes, its share still held):
+    the report's last push, then the sampler stops."""
+    reporter: WorkloadReporter | None = getattr(worker, "_gpulab_reporter", None)
+    if reporter is not None:
+        worker._gpulab_reporter = None
+        try:
+            await asyncio.wait_for(reporter.close(), FINAL_PUSH_SECONDS)
+        except Exception as e:  # the worker closes anyway; the stretch since the last push is lost
+            log.warning("gpulab: the GPU report's last push failed: %r", e)
     monitor = getattr(worker, "_gpulab_share_monitor", None)
     if monitor is not None:
         monitor.close()

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ class ProcessExecutor:
         #: every pid it started (the tests check that none is left)
         self.started: list[int] = []
         self.environments: dict[str, dict[str, str]] = {}
+        #: "<cluster id>/<worker name>" -> the GPU report the service handed its start
+        self.reports: dict[str, Mapping[str, str] | None] = {}
 
     def _tls_files(self, cluster: Cluster, tls: ClusterTLS) -> tuple[str, str]:
         folder = self.root / f"cluster-{cluster.id}"
@@ -105,11 +108,13 @@ class ProcessExecutor:
         placement: Placement,
         scheduler_address: str,
         tls: ClusterTLS,
+        report: Mapping[str, str] | None = None,
     ) -> Handle:
         cert, key = self._tls_files(cluster, tls)
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(s.uuid for s in placement.gpus)
         self.environments[f"{cluster.id}/{worker.name}"] = env
+        self.reports[f"{cluster.id}/{worker.name}"] = report
         argv = [
             sys.executable,
             "-m",

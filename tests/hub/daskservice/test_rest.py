@@ -79,7 +79,9 @@ def cluster_processes(hub: Hub, user: str) -> list[psutil.Process]:
             continue
         if FORKSERVER_MODULE in cmdline:
             continue
-        if "distributed" in cmdline or "dask" in cmdline:
+        # by the modules they run, not by "dask" anywhere: the checkout's own path may say it (a
+        # worktree named so), and then so would every server's command line
+        if any(m in cmdline for m in ("distributed.", "singleuser.dask_", " -m dask ")):
             out.append(proc)
     return out
 

@@ -560,3 +560,40 @@ async def test_a_profile_that_is_not_hers_or_never_fits_is_refused_naming_the_fi
         await service.create(spec(profile="eight"))
     assert too_big.value.status == 400 and "larger than any machine here" in str(too_big.value)
     assert await asyncio.to_thread(service.store.list_clusters) == []  # nothing half-made
+
+
+async def test_each_gpu_worker_gets_a_report_of_its_own_allocation_and_cpu_workers_none(
+    make_service: Make,
+) -> None:
+    asked: list[str] = []
+
+    def report_for(allocation_id: str) -> dict[str, str]:
+        # the hub's ReportTokens.issue, asked once the share is held
+        asked.append(allocation_id)
+        return {"GPULAB_REPORT_NAME": allocation_id.partition("/")[2]}
+
+    service = make_service(report_for=report_for)
+    await service.start()
+    gpu = await service.create(spec())
+    await until(
+        service,
+        gpu.id,
+        lambda c, ws: [w.state for w in ws] == [WorkerState.RUNNING] * 2,
+        "two GPU workers",
+    )
+    cpu = await service.create(spec(name="cpu-etl", profile="cpu", n_workers=1))
+    await until(
+        service,
+        cpu.id,
+        lambda c, ws: [w.state for w in ws] == [WorkerState.RUNNING],
+        "one CPU worker",
+    )
+    executor: ProcessExecutor = service.executor_for_tests  # type: ignore[attr-defined]
+    assert sorted(asked) == [f"alice/dask-{gpu.id}-w1", f"alice/dask-{gpu.id}-w2"]
+    assert executor.reports == {
+        f"{gpu.id}/w1": {"GPULAB_REPORT_NAME": f"dask-{gpu.id}-w1"},
+        f"{gpu.id}/w2": {"GPULAB_REPORT_NAME": f"dask-{gpu.id}-w2"},
+        f"{cpu.id}/w1": None,  # nothing to report: no token either
+    }
+    await service.stop(gpu.id)
+    await service.stop(cpu.id)

@@ -12,6 +12,7 @@ the hub service that drives the executor is tested on its own branch."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -513,7 +514,7 @@ def test_a_cluster_made_through_the_hubs_rest_api_runs_on_kubernetes_and_leaves_
     )
     hub = make_hub(
         kube_hub_overlay(cluster, merged(KUBE_HUB_OVERLAY, dask)),
-        env={"KUBECONFIG": str(cluster.kubeconfig)},
+        env={"KUBECONFIG": str(cluster.kubeconfig), "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "1"},
     )
     hub.create_user("alice")
     alice: httpx.Client = user_client(hub, "alice")
@@ -558,11 +559,55 @@ def test_a_cluster_made_through_the_hubs_rest_api_runs_on_kubernetes_and_leaves_
     assert total == 2000 * 2000
     assert sorted(e["GPULAB_GPU_FRACTION"] for e in envs.values()) == ["0.250", "0.250"]
     assert {w["node"] for w in model["workers"]} == {"gd-mig"}
+    name = cluster_name("alice", cluster_id)
+    # each worker's GPU report: its token by reference to a Secret of its own, never a literal
+    # of its pod; its pushes pass the clusters' NetworkPolicy and gpulab-metrics takes them
+    for pod in pods(cluster, f"dask.org/cluster-name={name},dask.org/component=worker"):
+        (container,) = pod["spec"]["containers"]
+        (token,) = [e for e in container["env"] if e["name"] == "GPULAB_REPORT_TOKEN"]
+        number = pod["metadata"]["labels"]["gpulab.io/dask-worker"]
+        assert token == {
+            "name": "GPULAB_REPORT_TOKEN",
+            "valueFrom": {
+                "secretKeyRef": {"name": f"{name}-w{number}-report", "key": "GPULAB_REPORT_TOKEN"}
+            },
+        }
+        secret = cluster.api(
+            "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}-w{number}-report"
+        )
+        literal = base64.b64decode(secret["data"]["GPULAB_REPORT_TOKEN"]).decode()
+        assert literal not in json.dumps(pod)
+        (owner,) = secret["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("DaskWorkerGroup", f"{name}-w{number}")
+
+    # gpulab-metrics took both workers' pushes (its own list; the admin overview matches
+    # figures to the allocator's device, which a device plugin may have swapped for another)
+    service = httpx.Client(
+        base_url=f"{hub.url}/services/gpulab-metrics/",
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=30,
+    )
+
+    def pushed() -> list[dict[str, Any]] | None:
+        r = service.get("api/servers")
+        up = [
+            s
+            for s in (r.json()["servers"] if r.status_code == 200 else [])
+            if s["user"] == "alice" and s["server"].startswith(f"dask-{cluster_id}-w")
+        ]
+        return up if len(up) == 2 and all(s["up"] and s["gpus"] for s in up) else None
+
+    reports = wait_for("both workers' pushes taken by gpulab-metrics", pushed, 90, 0.5)
+    assert sorted(s["server"] for s in reports) == [
+        f"dask-{cluster_id}-w1",
+        f"dask-{cluster_id}-w2",
+    ]
     stop_began = time.monotonic()
     r = alice.delete(path)
     assert r.status_code == 200, r.text
     stopped = time.monotonic() - stop_began
-    name = cluster_name("alice", cluster_id)
     assert pods(cluster, f"dask.org/cluster-name={name}") == []
+    secrets = cluster.api("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets")["items"]
+    assert not [s for s in secrets if s["metadata"]["name"].startswith(name)]
     assert not [a for a in hub.allocations() if f"/dask-{cluster_id}-" in a]
     print(f"through the hub: 2 workers running {up:.1f} s after the POST, DELETE {stopped:.1f} s")

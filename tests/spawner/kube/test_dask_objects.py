@@ -6,6 +6,7 @@ must never carry."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 from fractions import Fraction
@@ -23,6 +24,8 @@ from gpulab.spawner.kube.dask_objects import (
     dask_cluster_manifest,
     dask_network_policy,
     dask_worker_group_manifest,
+    report_owner_patch,
+    report_secret_manifest,
     tls_secret_manifest,
     worker_command,
     worker_group_name,
@@ -95,7 +98,9 @@ def worker_placement(gpus: tuple[GpuShare, ...], node: str = "gpu-node-1") -> Pl
     return Placement(request=request, node=node, gpus=gpus, created_at=CREATED)
 
 
-def worker_group(sharing: str, device: GPU, share: GpuShare) -> dict[str, Any]:
+def worker_group(
+    sharing: str, device: GPU, share: GpuShare, report_keys: tuple[str, ...] = ()
+) -> dict[str, Any]:
     placement = worker_placement((share,))
     pod = placed_pod(
         QUARTER,
@@ -116,6 +121,7 @@ def worker_group(sharing: str, device: GPU, share: GpuShare) -> dict[str, Any]:
         memory_mib=8192,
         environment={"OMP_NUM_THREADS": "2"},
         settings=SETTINGS,
+        report_keys=report_keys,
     )
 
 
@@ -596,3 +602,87 @@ def test_the_owners_pods_may_reach_her_cluster_and_only_hers() -> None:
             ],
         },
     }
+
+
+REPORT = {
+    "GPULAB_REPORT_URL": "http://hub.gpulab.svc:8002/api/push",
+    "GPULAB_REPORT_TOKEN": "a1b2c3d4e5f60718293a4b5c6d7e8f90",
+    "GPULAB_REPORT_NAME": "dask-7-w3",
+    "GPULAB_REPORT_USER": "alice",
+    "GPULAB_PUSH_INTERVAL_SECONDS": "15",
+}
+
+
+def test_a_workers_report_comes_from_its_secret_by_reference_and_no_token_is_in_the_pod() -> None:
+    body = worker_group(
+        MIG,
+        GPU("MIG-2g-0", A100, 20480, mig_profile="2g.20gb"),
+        GpuShare("MIG-2g-0", 250),
+        tuple(REPORT),
+    )
+    assert REPORT["GPULAB_REPORT_TOKEN"] not in json.dumps(body)
+    (container,) = body["spec"]["worker"]["spec"]["containers"]
+    by_name = {e["name"]: e for e in container["env"]}
+    for key in REPORT:
+        assert by_name[key] == {
+            "name": key,
+            "valueFrom": {"secretKeyRef": {"name": "gpulab-dask-alice-7-w3-report", "key": key}},
+        }
+    # without a report (no gpulab-metrics, or no GPU share) the worker has no report variables
+    plain = worker_group(
+        MIG, GPU("MIG-2g-0", A100, 20480, mig_profile="2g.20gb"), GpuShare("MIG-2g-0", 250)
+    )
+    (container,) = plain["spec"]["worker"]["spec"]["containers"]
+    assert not [e for e in container["env"] if e["name"].startswith("GPULAB_REPORT_")]
+    assert "valueFrom" not in json.dumps(plain)
+
+
+def test_the_report_secret_holds_the_workers_report_and_is_owned_by_its_group() -> None:
+    secret = report_secret_manifest("alice", 7, 3, REPORT, SETTINGS)
+    assert secret == {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "immutable": True,
+        "metadata": {
+            "name": "gpulab-dask-alice-7-w3-report",
+            "namespace": "gpulab-alice",
+            "labels": {**LABELS, "gpulab.io/dask-worker": "3"},
+            "annotations": {"hub.jupyter.org/username": "alice"},
+        },
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in sorted(REPORT.items())},
+    }
+    group = {"metadata": {"name": "gpulab-dask-alice-7-w3", "uid": "5f1e-77"}}
+    assert report_owner_patch(group) == {
+        "metadata": {
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubernetes.dask.org/v1",
+                    "kind": "DaskWorkerGroup",
+                    "name": "gpulab-dask-alice-7-w3",
+                    "uid": "5f1e-77",
+                }
+            ]
+        }
+    }
+    with pytest.raises(ValueError, match="no uid"):
+        report_owner_patch({"metadata": {"name": "gpulab-dask-alice-7-w3"}})
+
+
+def test_with_gpulab_metrics_the_clusters_pods_reach_the_hubs_push_port_and_nothing_else_of_it() -> (
+    None
+):
+    settings = dataclasses.replace(SETTINGS, hub_push_ports=(8002,))
+    egress = dask_network_policy("alice", 7, settings)["spec"]["egress"]
+    without = dask_network_policy("alice", 7, SETTINGS)["spec"]["egress"]
+    added = [rule for rule in egress if rule not in without]
+    # as servers' and job pods' push egress: the hub's pods or its addresses, that one port
+    assert added == [
+        {
+            "ports": [{"port": 8002, "protocol": "TCP"}],
+            "to": [
+                {"podSelector": {"matchLabels": {"app": "jupyterhub", "component": "hub"}}},
+                {"ipBlock": {"cidr": "10.0.0.5/32"}},
+            ],
+        }
+    ]

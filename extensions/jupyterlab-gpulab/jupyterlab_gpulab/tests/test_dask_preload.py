@@ -4,9 +4,13 @@ pane reads the worker's share, from the monitor's simulated source (no GPU on CI
 from __future__ import annotations
 
 import asyncio
+import os
 
 from distributed import Scheduler, Worker
 from distributed.dashboard.components.nvml import GPUCurrentLoad
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
 
 from gpulab.spawner.names import (
     GPU_ENFORCEMENT_ENV,
@@ -15,6 +19,11 @@ from gpulab.spawner.names import (
     GPU_UUIDS_ENV,
     MONITOR_SOURCE_ENV,
     PROFILE_ENV,
+    PUSH_INTERVAL_ENV,
+    REPORT_NAME_ENV,
+    REPORT_TOKEN_ENV,
+    REPORT_URL_ENV,
+    REPORT_USER_ENV,
 )
 from jupyterlab_gpulab.dask_preload import MIB, share_figures
 from jupyterlab_gpulab.sampler import Sample
@@ -104,3 +113,69 @@ async def test_worker_without_a_gpu_share_reports_no_gpu(monkeypatch):
         metrics = await _worker_metrics(scheduler, "cpu")
         assert "gpu_memory_used" not in metrics and "gpu" not in worker.metrics
         assert worker.monitor.gpu_name is None
+
+
+class _Pushes(web.RequestHandler):
+    """A push endpoint that records what reaches it (gpulab-metrics' own checks are tested
+    in the hub's tests; here: what the worker sends, and when)."""
+
+    def initialize(self, received: list) -> None:
+        self.received = received
+
+    def post(self, path: str) -> None:
+        self.received.append(
+            (path, self.request.headers.get("Authorization"), self.request.body.decode())
+        )
+
+
+async def test_a_workers_gpu_report_is_pushed_from_its_loop_and_once_more_at_teardown(monkeypatch):
+    received: list = []
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(web.Application([(r"/api/push/(.*)", _Pushes, {"received": received})]))
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    for name, value in {
+        **QUARTER,
+        REPORT_URL_ENV: f"http://127.0.0.1:{port}/api/push",
+        REPORT_TOKEN_ENV: "report-token-of-w3",
+        REPORT_NAME_ENV: "dask-7-w3",
+        REPORT_USER_ENV: "alice",
+        PUSH_INTERVAL_ENV: "0.5",
+    }.items():
+        monkeypatch.setenv(name, value)
+    try:
+        async with (
+            Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler,
+            Worker(scheduler.address, nthreads=1, preload=["jupyterlab_gpulab.dask_preload"]) as w,
+        ):
+            # read once, then gone from the environment the worker's tasks and their
+            # subprocesses see
+            assert REPORT_TOKEN_ENV not in os.environ
+            for _ in range(100):
+                if received:
+                    break
+                await asyncio.sleep(0.1)
+            path, authorization, body = received[0]
+            assert path == "alice/dask-7-w3" and authorization == "token report-token-of-w3"
+            assert "dask-7-w3" in body and QUARTER_UUID in body  # the share's figures
+            pushed_before_close = len(received)
+        assert len(received) > pushed_before_close  # dask_teardown pushed the last stretch
+        assert w._gpulab_reporter is None
+    finally:
+        server.stop()
+
+
+async def test_a_worker_without_a_gpu_share_reports_nothing_and_drops_the_token(monkeypatch):
+    monkeypatch.setenv(GPU_ENFORCEMENT_ENV, "cpu-only")
+    monkeypatch.setenv(MONITOR_SOURCE_ENV, "simulated")
+    monkeypatch.delenv(GPU_UUIDS_ENV, raising=False)
+    monkeypatch.setenv(REPORT_URL_ENV, "http://127.0.0.1:9/api/push")  # nothing listens
+    monkeypatch.setenv(REPORT_TOKEN_ENV, "report-token-of-w1")
+    monkeypatch.setenv(REPORT_NAME_ENV, "dask-7-w1")
+    monkeypatch.setenv(REPORT_USER_ENV, "alice")
+    async with (
+        Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler,
+        Worker(scheduler.address, nthreads=1, preload=["jupyterlab_gpulab.dask_preload"]) as w,
+    ):
+        assert w._gpulab_reporter is None
+        assert REPORT_TOKEN_ENV not in os.environ
