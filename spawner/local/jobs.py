@@ -91,6 +91,7 @@ from gpulab.hub.jobs.model import (
     check_relative_path,
 )
 from gpulab.spawner.environment import assigned_gpus, gpu_environment, with_caps_hook
+from gpulab.spawner.gpu_mixin import inventory_environment
 from gpulab.spawner.job_attempt import (
     WRAPPER_MODULE,
     attempt_environment,
@@ -667,12 +668,18 @@ class LocalJobExecutor:
         runner: LocalJobRunner,
         workspace_for: Callable[[str], Awaitable[tuple[SystemAccount, str]]],
         gpu_of: Callable[[str], Any],
+        inventory_of: Callable[[str], str] = lambda node: "",
     ) -> None:
         self.runner, self.workspace_for, self.gpu_of = runner, workspace_for, gpu_of
+        #: how a node knows its GPUs ('declared', 'simulated' or ''), so that a run's GPU report
+        #: simulates the devices nothing can measure, as a server's monitor does
+        self.inventory_of = inventory_of
 
     def placement_environment(self, placement: Placement) -> dict[str, str]:
         """The GPU variables of a placement, as a server on it gets them."""
         env, _enforcement = gpu_environment(assigned_gpus(placement.gpus, self.gpu_of))
+        if placement.gpus:
+            env.update(inventory_environment(self.inventory_of(placement.node)))
         return env
 
     async def start(

@@ -325,7 +325,9 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         from gpulab.spawner.local.jobs import JobRunnerError, LocalJobExecutor, LocalJobRunner
 
         workspace_for = _owner_workspace(spawner_for, JobRunnerError, "jobs")
-        return LocalJobExecutor(LocalJobRunner(runs_dir), workspace_for, gpu_of)
+        return LocalJobExecutor(
+            LocalJobRunner(runs_dir), workspace_for, gpu_of, inventory_of=_inventory_of
+        )
 
     @classmethod
     def dask_executor(
@@ -340,16 +342,19 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         Never as the hub's account: where servers share it (server_accounts = 'hub') clusters
         are refused, since a cluster runs any code its clients send, with the hub's files at
         hand."""
-        from gpulab.hub.capacity import GPUCapacity
-        from gpulab.spawner.gpu_mixin import node_inventory
         from gpulab.spawner.local.dask import DaskExecutorError, LocalDaskExecutor
 
-        def inventory_of(node: str) -> str:
-            # the hub's capacity, made before its executors (the singleton its spawners share)
-            return node_inventory(GPUCapacity.instance().inventory, node)
-
         workspace_for = _owner_workspace(spawner_for, DaskExecutorError, "Dask clusters")
-        return LocalDaskExecutor(state_dir, workspace_for, gpu_of, inventory_of=inventory_of)
+        return LocalDaskExecutor(state_dir, workspace_for, gpu_of, inventory_of=_inventory_of)
+
+
+def _inventory_of(node: str) -> str:
+    """How `node` knows its GPUs, from the hub's capacity (made before its executors: the
+    singleton its spawners share)."""
+    from gpulab.hub.capacity import GPUCapacity
+    from gpulab.spawner.gpu_mixin import node_inventory
+
+    return node_inventory(GPUCapacity.instance().inventory, node)
 
 
 def _owner_workspace(

@@ -186,7 +186,9 @@ async def start_report(monitor: ShareMonitor, environ: Any) -> WorkloadReporter 
     need not carry it (it could only report for this worker, but the fewer copies the better)."""
     try:
         reporter = (
-            reporter_from_mapping(environ, latest=monitor.sampler.latest)
+            reporter_from_mapping(
+                environ, latest=monitor.sampler.latest, simulated=monitor.source.simulated
+            )
             if monitor.devices
             else None
         )

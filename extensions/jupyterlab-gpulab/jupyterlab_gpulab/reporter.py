@@ -111,6 +111,7 @@ class WorkloadReporter:
         share: Share | None = None,
         source: Source | None = None,
         latest: Callable[[], Sample | None] | None = None,
+        simulated: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> None:
         env = os.environ if env is None else env
@@ -130,7 +131,9 @@ class WorkloadReporter:
                 history_seconds=2 * MAX_PERIOD_SECONDS,
             )
             latest = self.sampler.latest
-        simulated = self.source.simulated if self.source is not None else False
+        # with a shared sampler (`latest`), its owner says whether its source is simulated
+        if self.source is not None:
+            simulated = self.source.simulated
         self.registry = make_registry(
             GPUCollector(report.user, report.name, latest, list, lambda: simulated)
         )
@@ -222,7 +225,10 @@ class WorkloadReporter:
 
 
 def reporter_from_mapping(
-    values: Mapping[str, str], *, latest: Callable[[], Sample | None] | None = None
+    values: Mapping[str, str],
+    *,
+    latest: Callable[[], Sample | None] | None = None,
+    simulated: bool = False,
 ) -> WorkloadReporter | None:
     """A reporter for the report in `values` (None without one, or when it cannot start: the
     workload runs on without its figures, and says why once)."""
@@ -230,7 +236,7 @@ def reporter_from_mapping(
         report = Report.from_mapping(values)
         if report is None:
             return None
-        return WorkloadReporter(report, latest=latest)
+        return WorkloadReporter(report, latest=latest, simulated=simulated)
     except Exception as e:
         log.warning("gpulab: this workload's GPU figures are not reported: %s", e)
         return None

@@ -30,6 +30,7 @@ def test_a_users_script_runs_on_a_gpu_share_with_logs_and_outputs_and_outlives_h
         "projects/train.py",
         "import os, sys, time\n"
         "print('epochs', sys.argv[1], 'on', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+        "print('inventory', os.environ.get('GPULAB_GPU_INVENTORY'), flush=True)\n"
         "time.sleep(2)  # a share held for whole seconds: GPU-hours in the ledger\n"
         "open(os.path.join(os.environ['GPULAB_OUTPUT_DIR'], 'model.bin'), 'w').write('w' * 10)\n",
     )
@@ -56,6 +57,8 @@ def test_a_users_script_runs_on_a_gpu_share_with_logs_and_outputs_and_outlives_h
     logs = alice.get(f"/users/alice/jobs/{run['id']}/logs").json()
     assert not [a for a in hub.allocations() if a.startswith("alice/job-")]  # given back
     assert logs["data"].startswith("epochs 3 on GPU-") and logs["ended"] is True
+    # declared GPUs: the run's GPU report simulates them, as a server's monitor does
+    assert "\ninventory declared\n" in logs["data"], logs["data"]
     assert logs["next_offset"] == len(logs["data"].encode())
     listed = alice.get("/users/alice/jobs").json()["runs"]
     assert [r["id"] for r in listed] == [run["id"]]

@@ -158,6 +158,8 @@ async def test_a_workers_gpu_report_is_pushed_from_its_loop_and_once_more_at_tea
             path, authorization, body = received[0]
             assert path == "alice/dask-7-w3" and authorization == "token report-token-of-w3"
             assert "dask-7-w3" in body and QUARTER_UUID in body  # the share's figures
+            # labelled as simulated figures, as the monitor's source is
+            assert 'gpulab_monitor_simulated{gpu="",server="dask-7-w3",user="alice"} 1.0' in body
             pushed_before_close = len(received)
         assert len(received) > pushed_before_close  # dask_teardown pushed the last stretch
         assert w._gpulab_reporter is None
