@@ -14,6 +14,7 @@ exactly the users' (the idle rule counts them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -107,4 +108,7 @@ class SchedulerMonitor:
     async def close(self) -> None:
         if self._rpc is not None:
             rpc, self._rpc = self._rpc, None
-            await rpc.close_rpc()
+            # bounded: a scheduler that went away mid-comm can leave distributed's close waiting
+            # forever (a test's teardown hung so), and a hub stopping must not wait on it
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rpc.close_rpc(), self.timeout)

@@ -117,6 +117,8 @@ log = logging.getLogger("gpulab.dask")
 #: the hub reaches; a restarted hub (or another hub worker) needs it to reach the scheduler.
 TLS_COMPONENT = "tls"
 SCHEDULER_COMPONENT = "scheduler"
+#: how long `close` waits for its tasks to end once cancelled
+CLOSE_TIMEOUT_SECONDS = 15.0
 #: how many monitor rounds in a row an adaptive cluster's scheduler must want fewer workers
 #: before the hub retires any (distributed's Adaptive waits 3 too)
 ADAPTIVE_DOWN_AFTER = 3
@@ -977,7 +979,10 @@ class DaskService:
                 tasks.append(tracked.watcher)
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # bounded too: a task stuck in a call that ignores cancellation must not hold the hub's
+        # shutdown (it ends with the process)
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_SECONDS)
         for tracked in self._tracked.values():
             if tracked.monitor is not None:
                 with contextlib.suppress(Exception):
