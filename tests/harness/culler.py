@@ -16,8 +16,7 @@ from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 from traitlets.config import Config
 
-from tests.harness.hub import Hub
-from tests.harness.ports import free_port
+from tests.harness.hub import Hub, fast_metrics_env
 
 #: seconds: T (no UI input), T_gpu (GPU below U), W (warning), the check and report cadence
 UI_IDLE_SECONDS = 15
@@ -59,8 +58,6 @@ def make_culling_hub(
     second with `policy` (seconds-long rules: GPUCuller.min_idle_seconds = 1)."""
     figures = figures_dir / "gpus.json"
     figures.write_text(json.dumps({"*": {"utilization_pct": 0}}))
-    config = tmp_path / "metrics_config.py"
-    config.write_text("c.MetricsService.listing_interval_seconds = 1\n")
     overlay = Config()
     overlay.GPUCapacity.declared_inventory = inventory
     overlay.GPUJobs.admission_interval_seconds = 0.5
@@ -77,11 +74,7 @@ def make_culling_hub(
     return make_hub(
         overlay,
         start=start,
-        env={
-            "GPULAB_METRICS_SERVICE_PORT": str(free_port()),
-            "GPULAB_METRICS_CONFIG": str(config),
-            "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "1",
-        },
+        env=fast_metrics_env(tmp_path),
     )
 
 

@@ -483,3 +483,16 @@ async def run_in_kernel(
         finally:
             if not keep_kernel:
                 await client.delete(f"{base}api/kernels/{kernel_id}")
+
+
+def fast_metrics_env(folder: Path, config_text: str = "") -> dict[str, str]:
+    """The hub environment for a gpulab-metrics that lists the hub every second and takes
+    pushes every second (on a port of this test worker's), with `config_text` appended to its
+    config file (in `folder`)."""
+    config = folder / "metrics_config.py"
+    config.write_text("c.MetricsService.listing_interval_seconds = 1\n" + config_text)
+    return {
+        "GPULAB_METRICS_SERVICE_PORT": str(free_port()),
+        "GPULAB_METRICS_CONFIG": str(config),
+        "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "1",
+    }

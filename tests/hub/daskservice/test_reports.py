@@ -18,8 +18,7 @@ from gpulab.spawner.names import (
     REPORT_URL_ENV,
     REPORT_USER_ENV,
 )
-from tests.harness.hub import Hub
-from tests.harness.ports import free_port
+from tests.harness.hub import Hub, fast_metrics_env
 from tests.harness.wait import wait_for
 
 OVERLAY = Config(
@@ -92,15 +91,9 @@ def push(url: str, token: str, target: str) -> httpx.Response:
 def test_a_dask_workers_report_is_accepted_for_it_alone_and_revoked_when_it_is_scaled_away(
     make_hub: Any, tmp_path: Path
 ) -> None:
-    config = tmp_path / "metrics_config.py"
-    config.write_text("c.MetricsService.listing_interval_seconds = 1\n")
     hub = make_hub(
         OVERLAY,
-        env={
-            "GPULAB_METRICS_SERVICE_PORT": str(free_port()),
-            "GPULAB_METRICS_CONFIG": str(config),
-            "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "1",
-        },
+        env=fast_metrics_env(tmp_path),
     )
     hub.create_user("alice")
     hub.create_user("bob")

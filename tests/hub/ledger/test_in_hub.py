@@ -15,8 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from traitlets.config import Config
 
-from tests.harness.hub import Hub
-from tests.harness.ports import free_port
+from tests.harness.hub import Hub, fast_metrics_env
 from tests.harness.wait import wait_for
 
 
@@ -24,8 +23,6 @@ from tests.harness.wait import wait_for
 def ledger_hub(make_hub: Any, tmp_path: Path, shared_dir: Path) -> Hub:
     figures = shared_dir / "gpus.json"
     figures.write_text(json.dumps({"*": {"utilization_pct": 60}}))  # busy simulated GPUs
-    config = tmp_path / "metrics_config.py"
-    config.write_text("c.MetricsService.listing_interval_seconds = 1\n")
     overlay = Config()
     overlay.GPUCapacity.declared_inventory = "2 x A100-SXM4-80GB"
     overlay.Spawner.environment.update(
@@ -38,11 +35,7 @@ def ledger_hub(make_hub: Any, tmp_path: Path, shared_dir: Path) -> Hub:
     overlay.JupyterHub.authenticate_prometheus = False
     return make_hub(
         overlay,
-        env={
-            "GPULAB_METRICS_SERVICE_PORT": str(free_port()),
-            "GPULAB_METRICS_CONFIG": str(config),
-            "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "1",
-        },
+        env=fast_metrics_env(tmp_path),
     )
 
 

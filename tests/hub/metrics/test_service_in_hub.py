@@ -13,8 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from traitlets.config import Config
 
-from tests.harness.hub import Hub
-from tests.harness.ports import free_port
+from tests.harness.hub import Hub, fast_metrics_env
 from tests.harness.wait import wait_for
 
 SERVICE = "/services/gpulab-metrics/"
@@ -54,10 +53,9 @@ def service_token(hub: Hub) -> str:
 def metrics_hub(make_hub: Any, tmp_path: Path, shared_dir: Path) -> Hub:
     figures = shared_dir / "gpus.json"
     figures.write_text(json.dumps({"*": {"utilization_pct": 0}}))  # idle GPUs
-    config = tmp_path / "metrics_config.py"
-    config.write_text(
-        "c.MetricsService.listing_interval_seconds = 1\n"
-        "c.MetricsService.rules = 'IF gpu_utilization < 5% FOR 2s THEN alert(\"IDLE_GPU\")'\n"
+    metrics_env = fast_metrics_env(
+        tmp_path,
+        "c.MetricsService.rules = 'IF gpu_utilization < 5% FOR 2s THEN alert(\"IDLE_GPU\")'\n",
     )
     recorder = shared_dir / "recorder" / "jupyter_server_config.py"
     recorder.parent.mkdir(mode=0o755)
@@ -75,11 +73,7 @@ def metrics_hub(make_hub: Any, tmp_path: Path, shared_dir: Path) -> Hub:
     overlay.Spawner.environment.update(env)
     hub = make_hub(
         overlay,
-        env={
-            "GPULAB_METRICS_SERVICE_PORT": str(free_port()),
-            "GPULAB_METRICS_CONFIG": str(config),
-            "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "1",
-        },
+        env=metrics_env,
     )
     hub.create_user("alice")
     hub.create_user("bob")
