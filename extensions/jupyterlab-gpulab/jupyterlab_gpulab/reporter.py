@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 
 from gpulab.spawner.names import (
     MONITOR_SOURCE_ENV,
-    PUSH_INTERVAL_ENV,
     REPORT_NAME_ENV,
     REPORT_TOKEN_ENV,
     REPORT_URL_ENV,
@@ -39,7 +38,7 @@ from gpulab.spawner.names import (
 )
 
 from .metrics import GPUCollector, exposition, make_registry
-from .push import MetricsPusher
+from .push import MetricsPusher, push_settings_from_env
 from .sampler import Sample, Sampler
 from .share import Share, share_from_env
 from .sources import Source, select_source
@@ -81,13 +80,7 @@ class Report:
             raise ValueError(f"{REPORT_USER_ENV} is empty: the hub names the workload's owner")
         if not is_workload_name(name):
             raise ValueError(f"{REPORT_NAME_ENV}={name!r} is no job run's or Dask worker's name")
-        raw = str(values.get(PUSH_INTERVAL_ENV, "15")).strip() or "15"
-        try:
-            interval = float(raw)
-        except ValueError:
-            raise ValueError(f"{PUSH_INTERVAL_ENV}={raw!r} is not a number") from None
-        if not interval > 0:
-            raise ValueError(f"{PUSH_INTERVAL_ENV}={raw!r} must be more than 0 seconds")
+        _url, interval = push_settings_from_env(values)  # as a server's monitor reads it
         return cls(
             url,
             token,
@@ -172,8 +165,8 @@ class WorkloadReporter:
         if self.pusher.task is not None:
             self.pusher.task.cancel()
             self.pusher.task = None
-        self._stop_sampling(close_source=False)
-        if self.sampler is not None:
+        if self.sampler is not None:  # its thread stops; one last sample here
+            self.sampler.stop()
             self.sampler.sample_once()
         if self.pusher.last_push is not None:
             # the service refuses pushes closer than its minimum interval (at most 1 s)
@@ -216,12 +209,6 @@ class WorkloadReporter:
 
         asyncio.run_coroutine_threadsafe(finish(), loop)
         self._thread.join(timeout + 1)
-
-    def _stop_sampling(self, close_source: bool = True) -> None:
-        if self.sampler is not None:
-            self.sampler.stop()
-        if close_source and self.source is not None:
-            self.source.close()
 
 
 def reporter_from_mapping(

@@ -234,6 +234,9 @@ class MetricsService(Application):
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab-metrics/")
         self.service_url = os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8002")
         self.client: AsyncHTTPClient | None = None  # made on the running loop
+        #: the job runs and Dask workers of the last listing that worked, and why the latest failed
+        self._workloads: list[Target] = []
+        self._workloads_error = ""
 
     def http_client(self) -> AsyncHTTPClient:
         if self.client is None:
@@ -287,9 +290,6 @@ class MetricsService(Application):
         self._workloads_error = ""
         self._workloads = found
         return found
-
-    _workloads: list[Target] = []  # noqa: RUF012 (replaced, never mutated)
-    _workloads_error = ""
 
     async def write_usage(self) -> None:
         """Add the GPU-seconds used since the last cycle to the ledger (a worker thread)."""
