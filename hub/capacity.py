@@ -588,6 +588,16 @@ class GPUCapacity(SingletonConfigurable):
             await self.evict(victim, f"preempted for on-demand work {request.id}")
         return placement
 
+    async def hand_over(self, held_id: str, request: Request) -> Placement:
+        """Give `held_id`'s GPUs (a warm pool member's reservation) to `request`, checked as
+        `place` checks a start (GPU-hour budget, quota); AllocationError otherwise, and the
+        reservation is left as it was."""
+        if self.hour_budget_check is not None:
+            budget_refusal = self.hour_budget_check(request)
+            if budget_refusal is not None:
+                raise QuotaExceeded(budget_refusal)
+        return await asyncio.to_thread(self.allocator.hand_over, held_id, request)
+
     def add_evictor(self, owns: Callable[[str], bool], evict: Evict) -> None:
         """Another owner of allocations (the job service) that can give a preemptible one back:
         `owns(allocation_id)` says which are its, `evict(placement, reason)` stops it and returns

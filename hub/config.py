@@ -57,6 +57,8 @@ from gpulab.hub.ledgerservice import GPULedger
 from gpulab.hub.profiles import ProfileError
 from gpulab.hub.refusals import install_quiet_refusals
 from gpulab.hub.scopes import ALLOCATIONS_READ, CUSTOM_SCOPES, DASK, REPORT_GPU, USAGE
+from gpulab.hub.warmpool import WARM_POOL_OWNER, PoolConfigError
+from gpulab.hub.warmpoolservice import GPUWarmPool
 from gpulab.spawner.names import (
     DEFAULT_PUSH_INTERVAL_SECONDS,
     LEDGER_DB_URL_ENV,
@@ -110,6 +112,11 @@ class GPULabHubHooks(Authenticator):
         self.check_gpu_configuration()
         self.attach_job_service()
 
+    def validate_username(self, username: str) -> bool:
+        """JupyterHub's check, and never the warm pool's own account (its reservations' owner in
+        the allocator and the ledger): no person may log in as it and take its quota or GPUs."""
+        return username != WARM_POOL_OWNER and bool(super().validate_username(username))
+
     def attach_job_service(self) -> None:
         """GPU jobs and Dask clusters for this hub (`GPUJobs`, `GPUDask`): the authenticator is made while the hub
         initialises, in its event loop, with the hub as its parent; an authenticator made
@@ -125,6 +132,7 @@ class GPULabHubHooks(Authenticator):
         GPUDask.instance(config=self.config, log=self.log).attach_to_hub(app)
         GPULedger.instance(config=self.config, log=self.log).attach_to_hub(app)
         GPUCuller.instance(config=self.config, log=self.log).attach_to_hub(app)
+        GPUWarmPool.instance(config=self.config, log=self.log).attach_to_hub(app)
 
     def check_gpu_configuration(self) -> None:
         """Load the GPU inventory, catalog and quotas at hub start, so that a configuration
@@ -136,7 +144,16 @@ class GPULabHubHooks(Authenticator):
             culler = GPUCuller.instance(config=self.config, log=self.log)
             if culler.enabled:
                 culler.load_policy([p.slug for p in capacity.catalog])
-        except (ProfileError, InventoryError, TraitError, CullConfigError, ValueError) as e:
+            # the warm pools name profiles too
+            GPUWarmPool.instance(config=self.config, log=self.log).load_pools(capacity)
+        except (
+            ProfileError,
+            InventoryError,
+            TraitError,
+            CullConfigError,
+            PoolConfigError,
+            ValueError,
+        ) as e:
             self.log.critical("gpulab configuration error: %s", e)
             raise SystemExit(1) from None
 

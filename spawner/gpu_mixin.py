@@ -27,6 +27,7 @@ from gpulab.hub.allocator import (
 from gpulab.hub.capacity import GPUCapacity, HourBudgetStanding
 from gpulab.hub.profiles import Profile
 from gpulab.hub.refusals import MAX_BODY_BYTES, refusal, shown
+from gpulab.hub.warmpoolservice import GPUWarmPool
 from gpulab.hub.workspaces import Workspaces, keeps_workspaces
 from gpulab.spawner.environment import AssignedGPU, Enforcement, enforcement_for
 from gpulab.spawner.gpu_summary import GPU_SUMMARY_OPTION, gpu_summary, without_gpu_summary
@@ -140,13 +141,21 @@ class GPUSpawnerMixin(Configurable):
         default = previous if capacity.profile(str(previous)) else None
         default = default or next((p.slug for p in profiles if p.default), profiles[0].slug)
         hour_budget = capacity.hour_budget(self.user.name, self.user_groups)
+        pool = GPUWarmPool.instance(config=self.config, log=self.log)
         rows = []
         for p in profiles:
             a = capacity.availability(p)
             # a full profile stays selectable when spawns may wait in the queue for it
             reason = self._closed_because(p, a, hour_budget)
             rows.append(
-                PickerRow(a, self.isolation_preview(p), p.slug == default, bool(reason), reason)
+                PickerRow(
+                    a,
+                    self.isolation_preview(p),
+                    p.slug == default,
+                    bool(reason),
+                    reason,
+                    ready_now=pool.ready_count(p.slug),
+                )
             )
         workspace = await self.workspace_offer() if isinstance(self, Workspaces) else None
         return render_picker(

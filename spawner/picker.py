@@ -22,6 +22,8 @@ class PickerRow:
     disabled: bool = False
     #: why a disabled profile cannot be picked now, shown under it
     reason: str = ""
+    #: pre-started servers of this profile ready to be taken (a warm pool): "ready now"
+    ready_now: int = 0
 
     @property
     def slug(self) -> str:

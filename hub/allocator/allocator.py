@@ -198,6 +198,40 @@ class Allocator:
             self._notify({request_id: reason})
             return placement
 
+    def hand_over(self, held_id: str, request: Request, reason: str = "handed-over") -> Placement:
+        """Give the GPUs, node and room ``held_id`` holds to ``request`` in one persisted step:
+        a warm pool member's reservation becoming the share of the user who claimed it. The
+        request must have the same shape (the same profile); its owner's quota is checked as
+        for ``place``. Listeners see ``held_id`` end with ``reason`` and ``request`` begin.
+
+        Raises NoCapacity when ``held_id`` is not held (taken by preemption meanwhile),
+        InvalidRequest when the shapes differ, AlreadyAllocated or QuotaExceeded as ``place``.
+        """
+        with self._lock:
+            held = self._placements.get(held_id)
+            if held is None:
+                raise NoCapacity(f"{held_id!r} holds nothing to hand over (released meanwhile).")
+            if held.request.shape != request.shape:
+                raise InvalidRequest(
+                    f"{request.id!r} asks for another shape than {held_id!r} holds; a hand-over "
+                    "keeps the same GPUs, so it needs the same profile."
+                )
+            over_quota = self._admit(request)
+            node, shares = self._held[held_id]
+            placement = Placement(
+                request=request,
+                node=held.node,
+                gpus=held.gpus,
+                created_at=self.clock(),
+                over_quota=over_quota,
+            )
+            self.store.commit([placement], [held_id])
+            self._forget(held_id)
+            self._state.apply(node, request.cpu_milli, request.memory_mib, shares, +1)
+            self._remember(placement, node, shares)
+            self._notify({held_id: reason})
+            return placement
+
     def propose_preemption(
         self, request: Request, evictable: Callable[[Placement], bool] | None = None
     ) -> list[Placement]:

@@ -7,6 +7,7 @@ from typing import Any
 from tornado import web
 
 from gpulab.hub.apihandlers.base import GPULabAPIHandler
+from gpulab.hub.warmpoolservice import GPUWarmPool
 
 
 class CapacityAPIHandler(GPULabAPIHandler):
@@ -19,6 +20,7 @@ class CapacityAPIHandler(GPULabAPIHandler):
         groups = self.caller_groups()
         capacity = self.gpu_capacity
         await capacity.ready()
+        pool = GPUWarmPool.instance(config=self.settings["config"], log=self.log)
         profiles = []
         for profile in capacity.visible_profiles(groups, self.sees_every_profile()):
             a = capacity.availability(profile)
@@ -32,6 +34,8 @@ class CapacityAPIHandler(GPULabAPIHandler):
                     "free": a.free,
                     "waiting": a.waiting,
                     "label": a.label,
+                    # pre-started servers of this profile a start would take now (warm pools)
+                    "ready_now": pool.ready_count(profile.slug),
                 }
             )
         self.write(

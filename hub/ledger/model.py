@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-#: kinds of workload an interval can belong to; "external" is a GPU pod gpulab did not make
-WORKLOADS = ("server", "job", "dask", "external")
+#: kinds of workload an interval can belong to; "external" is a GPU pod gpulab did not make,
+#: "warm" a warm pool member's reservation (gpulab's own overhead, owned by the pool's account)
+WORKLOADS = ("server", "job", "dask", "external", "warm")
 #: the workloads whose GPU use is measured: a server's GPU monitor pushes its share's
 #: utilisation to gpulab-metrics, and so do a job run's wrapper and a Dask worker's preload (with
 #: the report token the hub issues each, gpulab.hub.report_tokens). External pods run nothing of
@@ -30,8 +31,9 @@ MONITORED_WORKLOADS = ("server", "job", "dask")
 
 #: why an interval closed: released by its holder, preempted (for on-demand work, or by an
 #: admin), resized, gone (found missing without a release), its node lost, culled (GPU-aware
-#: culling), budget (a GPU-hour budget used up)
-RELEASED, PREEMPTED, RESIZED, GONE, NODE_LOST, CULLED, BUDGET = (
+#: culling), budget (a GPU-hour budget used up), handed-over (a warm pool member's reservation
+#: that became the share of the user who claimed it: her interval starts as it ends)
+RELEASED, PREEMPTED, RESIZED, GONE, NODE_LOST, CULLED, BUDGET, HANDED_OVER = (
     "released",
     "preempted",
     "resized",
@@ -39,8 +41,9 @@ RELEASED, PREEMPTED, RESIZED, GONE, NODE_LOST, CULLED, BUDGET = (
     "node-lost",
     "culled",
     "budget",
+    "handed-over",
 )
-END_REASONS = (RELEASED, PREEMPTED, RESIZED, GONE, NODE_LOST, CULLED, BUDGET)
+END_REASONS = (RELEASED, PREEMPTED, RESIZED, GONE, NODE_LOST, CULLED, BUDGET, HANDED_OVER)
 
 MILLI = 1000
 

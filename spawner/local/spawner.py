@@ -16,10 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
+from jupyterhub.utils import random_port
 from tornado import web
 from traitlets import Bool, Enum, Float, Integer, TraitError, Tuple, Unicode, default, validate
 from traitlets.config import Config
 
+from gpulab.hub.capacity import GPUCapacity
 from gpulab.spawner.environment import (
     AssignedGPU,
     Enforcement,
@@ -234,6 +236,11 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             self.cpu_limit = profile.cpu_limit
         self.check_server_accounts()
         await self.apply_workspace_options()
+        warm = await self._start_warm(profile)
+        if warm is not None:
+            self._start_watchdog()
+            self.start_snapshot_schedule()
+            return warm
         await self.gpulab_allocate(profile)
         try:
             await self.prepare_workspace(self.workspace_home_dir())
@@ -246,6 +253,112 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         self._start_watchdog()
         self.start_snapshot_schedule()
         return url
+
+    # -- warm pool (gpulab.hub.warmpoolservice; members: gpulab.spawner.local.warm_pool) ------
+
+    #: how the last start went: "warm" (a pool member became this server) or "cold"
+    gpulab_start_kind = "cold"
+
+    @classmethod
+    def warm_pool_backend(cls, *, config: Any, log: Any) -> Any:
+        """The embedded default's warm pool members (`KeepsWarmServers`)."""
+        from gpulab.spawner.local.warm_pool import DEFAULT_ENV_KEEP, LocalWarmBackend
+
+        capacity = GPUCapacity.instance(config=config, log=log)
+        ours = config.get(cls.__name__, {})
+        keep = ours.get("env_keep") or config.get("Spawner", {}).get("env_keep")
+        return LocalWarmBackend(
+            capacity.gpu_by_uuid,
+            env_keep=tuple(keep or DEFAULT_ENV_KEEP),
+            mps_pipe_directory=str(ours.get("mps_pipe_directory") or ""),
+            mps_log_directory=str(ours.get("mps_log_directory") or ""),
+        )
+
+    def _warm_claim_possible(self) -> bool:
+        """Whether this start may be served by a member: the stock server command run as a cold
+        start would run it (a custom command, shell or Popen setting makes another server)."""
+        cmd = list(self.cmd)
+        stock = len(cmd) == 1 and os.path.basename(cmd[0]) == "jupyterhub-singleuser"
+        return stock and not self.shell_cmd and not self.popen_kwargs
+
+    def _binding_account(self) -> tuple[int, int, tuple[int, ...]]:
+        if self.server_runs_as_hub():
+            return os.geteuid(), os.getegid(), tuple(os.getgroups())
+        account = self._server_account
+        if account is None:  # never fall back to the hub's account (root) for user code
+            raise RuntimeError(f"no system account resolved for {self.user.name} before its start")
+        return account.uid, account.gid, tuple(os.getgrouplist(account.name, account.gid))
+
+    async def _start_warm(self, profile: Any) -> Any:
+        """Serve this start with a ready pool member of `profile`: its reservation becomes this
+        server's allocation (quota and budget checked), then the process becomes this user's
+        server. None when no member is ready or the claim fails (the member is discarded and
+        the start goes cold, which also gives any refusal its usual message)."""
+        from gpulab.hub.allocator import AllocationError
+        from gpulab.hub.warmpoolservice import GPUWarmPool, WarmStartFailed
+        from gpulab.spawner.local.warm_pool import Binding
+
+        self.gpulab_start_kind = "cold"
+        pool = GPUWarmPool.instance(config=self.config, log=self.log)
+        if not pool.specs or not self._warm_claim_possible():
+            return None
+        member = pool.claim(profile.slug)
+        if member is None:
+            return None
+        capacity = self.gpu_capacity
+        if capacity.allocator.get(self.allocation_id) is not None:
+            await capacity.release(self.allocation_id)  # a leftover, as gpulab_allocate says
+        try:
+            placement = await capacity.hand_over(member.id, self.gpulab_request(profile))
+        except AllocationError as e:
+            self.log.info("Warm member %s not used for %s: %s", member.id, self.allocation_id, e)
+            await pool.discard(member)
+            return None
+        self.gpulab_placement = placement
+        self.show_gpu_summary(profile.slug, placement)
+        try:
+            await self.prepare_workspace(self.workspace_home_dir())
+            if self.port == 0:
+                self.port = random_port()
+            uid, gid, groups = self._binding_account()
+            binding = Binding(
+                uid=uid,
+                gid=gid,
+                groups=groups,
+                home=str(self.workspace_home_dir()),
+                env=self.get_env(),
+                argv=[*self.cmd, *self.get_args()],
+                directory_only=not self.checkpoints,
+            )
+            pid = await member.bind(binding)
+        except (WarmStartFailed, OSError) as e:
+            self.log.warning(
+                "Warm member %s could not serve %s (%s); starting cold",
+                member.id,
+                self.allocation_id,
+                e,
+            )
+            await pool.discard(member)
+            await self.gpulab_release()
+            return None
+        except BaseException:
+            await pool.discard(member)
+            await self.gpulab_release()
+            raise
+        finally:
+            self.workspace_auto_restore = False
+        self.proc = member.proc
+        self.pid = pid
+        self.gpulab_start_kind = "warm"
+        self.log.info(
+            "GPU allocation %s (profile %s) served warm by %s (pid %s) on %s",
+            self.allocation_id,
+            profile.slug,
+            member.id,
+            pid,
+            placement.node,
+        )
+        return (self.ip or "127.0.0.1", self.port)
 
     async def stop(self, now: bool = False) -> None:
         self.stop_snapshot_schedule()

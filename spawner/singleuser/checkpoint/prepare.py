@@ -44,6 +44,18 @@ def container_env(home: Path, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def prepare(home: Path, directory_only: bool, environ: dict[str, str]) -> dict[str, str]:
+    """Make and prepare `home`, move into it, and return the server's environment: `environ`,
+    completed for the home unless `directory_only` (workspaces off). Run as the server's own
+    account (the local spawner's cold start switches before running this; a warm member has
+    dropped to it), so the home and everything in it are that account's, private to it."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not directory_only:
+        prepare_home(home)
+    os.chdir(home)  # the server's root directory is where it starts
+    return dict(environ) if directory_only else container_env(home, dict(environ))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", default=os.environ.get("HOME", ""), help="the workspace home")
@@ -56,18 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.home:
         parser.error("no --home and no HOME in the environment")
-    home = Path(args.home)
-    # made by the server's own account (the local spawner runs this after switching to it), so
-    # the home and everything in it are that account's, private to it
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not args.directory_only:
-        prepare_home(home)
-    os.chdir(home)  # the server's root directory is where it starts
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    env = prepare(Path(args.home), args.directory_only, dict(os.environ))
     if not command:
-        print(f"gpulab: prepared workspace {home}", file=sys.stderr)
+        print(f"gpulab: prepared workspace {args.home}", file=sys.stderr)
         return 0
-    env = dict(os.environ) if args.directory_only else container_env(home, dict(os.environ))
     sys.stdout.flush()
     sys.stderr.flush()
     try:
