@@ -13,6 +13,13 @@ REST POST to the server answering as ready; servers are stopped between spawns (
     .venv/bin/python -m bench.spawn [--quick] [--rounds N]      (as root)
 
 Last line: ratio=<gpulab p50 / stock p50>.
+
+With --warm a third hub joins the alternation: gpulab with a warm pool of the same profile
+(`GPUWarmPool`, one member), whose spawns are claims; before each the pool has refilled (untimed,
+as between logins). Then the stampede: 20 users start the pool's other profile within 5 s
+against a pool of 10 (the first are served warm, the rest cold; none may fail; the pool
+refills). Last line: warm_ratio=<warm p50 / stock p50> warm_p95_s=.. kube_warm_ratio=..
+stampede_failures=.. vscode_ok=k/20 (see bench.warm for the parts beyond the local claim).
 """
 
 from __future__ import annotations
@@ -54,7 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds (about a minute)")
     parser.add_argument("--rounds", type=int, default=None, help="spawns per spawner (default 15)")
+    parser.add_argument(
+        "--warm", action="store_true", help="also warm pool claims, a stampede and VS Code"
+    )
     args = parser.parse_args(argv)
+    if args.warm:
+        from bench.warm import main as warm_main
+
+        return warm_main(args.rounds or (3 if args.quick else 15))
     rounds = args.rounds or (3 if args.quick else 15)
     if os.geteuid() != 0:
         print("bench.spawn: both spawners switch to the user's account; run it as root")

@@ -66,6 +66,8 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "JUPYTERHUB_SINGLEUSER_")
 APPLIED_AT_CLAIM = ("PYTHONPATH", "PYTHONUSERBASE")
 
 PR_SET_DUMPABLE = 4
+#: the scheduling priority a member imports at, until its claim
+MEMBER_NICE = 19
 
 
 def enabled_extension_modules() -> list[str]:
@@ -96,6 +98,14 @@ def unwarmable(member_env: dict[str, str], claim_env: dict[str, str]) -> list[st
     """Variables whose value a claim would need at interpreter start or import (pure)."""
     keys = {k for k in [*member_env, *claim_env] if k.startswith(IMPORT_TIME_PREFIXES)}
     return sorted(k for k in keys - set(APPLIED_AT_CLAIM) if member_env.get(k) != claim_env.get(k))
+
+
+def claim_priority() -> None:
+    """Back to the scheduling priority of a cold server: a member imports at the lowest priority
+    (`MEMBER_NICE`, so refilling the pool never takes CPU from people's starts), and only
+    the hub's account may raise it again, so this runs before the drop."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
 
 
 def drop_to(uid: int, gid: int, groups: list[int]) -> None:
@@ -202,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-fd", type=int, required=True)
     args = parser.parse_args(argv)
     started = time.monotonic()
+    # refilling the pool takes only CPU nobody's start wants (claim_priority undoes it)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, MEMBER_NICE)
     # sys.path[0] is where `python -m` ran: a cold server's is its script's folder
     script = shutil.which("jupyterhub-singleuser")
     sys.path[0] = os.path.dirname(script) if script else sys.path[0]
@@ -222,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         channel.flush()
         close_other_descriptors(sock.fileno())
+        claim_priority()
         drop_to(int(claim["uid"]), int(claim["gid"]), [int(g) for g in claim["groups"]])
     except OSError as e:
         send(channel, {"refused": f"could not become the user: {e}"})

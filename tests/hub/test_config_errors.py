@@ -44,6 +44,14 @@ from traitlets.config import Config
             Config(GPUCapacity={"user_quota_gpus": {"alice": -0.5}}),
             "GPUCapacity.user_quota_gpus['alice']: -0.5 is negative",
         ),
+        (
+            Config(GPUWarmPool={"pools": [{"profile": "gpu-9", "min": 1}]}),
+            "GPUWarmPool.pools[0].profile: 'gpu-9' is not a profile of the catalog",
+        ),
+        (
+            Config(GPUWarmPool={"timezone": "Mars/Olympus"}),
+            "GPUWarmPool.timezone: 'Mars/Olympus' is not an IANA time zone",
+        ),
     ],
     ids=[
         "unknown-declared-model",
@@ -53,6 +61,8 @@ from traitlets.config import Config
         "headroom",
         "infinite-default-quota",
         "negative-user-quota",
+        "warm-pool-unknown-profile",
+        "warm-pool-timezone",
     ],
 )
 def test_bad_gpu_config_stops_the_hub_with_a_message_naming_the_option(make_hub, overlay, message):

@@ -149,3 +149,10 @@ def test_an_on_demand_start_takes_a_members_gpu_when_nothing_else_is_free(make_h
     assert hub.allocations()["alice/"]["owner"] == "alice"
     assert _pool_allocations(hub) == {}
     assert re.search(r"Warm pool member gpulab:warm-pool/gpu-1-\d+ gives its GPU back", hub.log())
+
+
+def test_nobody_may_be_the_pools_account(make_hub):
+    hub = make_hub(TWO_A100)
+    r = hub.api("POST", f"/users/{POOL}")
+    assert r.status_code == 400, r.text
+    assert hub.api("GET", f"/users/{POOL}").status_code == 404

@@ -1,0 +1,216 @@
+"""Warm pool claims against cold starts (`python -m bench.spawn --warm`, as root).
+
+Three hubs side by side, spawns alternating (order rotated every round), each timed from the
+REST POST to the server answering as ready:
+- stock: JupyterHub's LocalProcessSpawner, the server running as a system user made beforehand
+  (the anchor of bench.spawn);
+- gpulab cold: GPUSimpleLocalSpawner, per-user account, 1/4 GPU, workspaces on;
+- gpulab warm: the same with a warm pool of that profile (one member). Before each of its spawns
+  the pool has refilled (untimed: between two logins of a real hub the pool refills too).
+
+Then the stampede, on the warm hub: 20 returning users (each started a CPU server once before,
+untimed, so their accounts exist) start its 1/8-GPU profile within 5 s against a pool
+of 10 members. The first are served warm, the others cold; no start may fail; the pool must be
+back to 10 ready members afterwards. Then VS Code's request sequence (tests.harness.vscode), 20
+times against the warm hub, when that client is present.
+
+The dev cluster's figure (kube_warm_ratio) is printed as n/a until the Kubernetes backend keeps
+warm servers (see README, Performance).
+
+Last line: warm_ratio=<warm p50 / stock p50> warm_p95_s=<warm p95> kube_warm_ratio=<x|n/a>
+stampede_failures=<n> vscode_ok=<k>/20
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from traitlets.config import Config
+
+from bench._spawning import percentile, print_table, timed_spawn
+from bench.spawn import GPULAB_OVERLAY, STOCK_OVERLAY, _make_system_user
+from tests.harness.hub import Hub, merged
+
+CLAIM_PROFILE = "gpu-quarter"
+STAMPEDE_PROFILE = "gpu-eighth"
+STAMPEDE_USERS = 20
+STAMPEDE_POOL = 10
+STAMPEDE_SECONDS = 5.0
+
+WARM_OVERLAY = merged(
+    GPULAB_OVERLAY,
+    Config(
+        GPUWarmPool={
+            "pools": [
+                {"profile": CLAIM_PROFILE, "min": 1, "max": 1},
+                {"profile": STAMPEDE_PROFILE, "min": STAMPEDE_POOL, "max": STAMPEDE_POOL},
+            ],
+            "check_interval_seconds": 0.5,
+        }
+    ),
+)
+
+
+def wait_pool(hub: Hub, profile: str, count: int, timeout: float = 300) -> float:
+    """Seconds until `count` members of `profile` are ready."""
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if hub.capacity()[profile]["ready_now"] >= count:
+            return time.perf_counter() - t0
+        time.sleep(0.1)
+    raise TimeoutError(f"{count} warm {profile} members not ready in {timeout} s")
+
+
+def warm_kind(hub: Hub, user: str, since: int) -> str:
+    """'warm' when the hub's log says `user`'s last start (after byte `since`) took a member."""
+    text = hub.log_path.read_bytes()[since:].decode(errors="replace")
+    return "warm" if f"{user}/ (profile" in text and "served warm by" in text else "cold"
+
+
+def stampede(hub: Hub) -> dict[str, Any]:
+    users = [f"s{i:02d}" for i in range(STAMPEDE_USERS)]
+    for user in users:
+        hub.create_user(user)
+        # returning users (untimed): their accounts exist, as after a first login; a new user's
+        # account is made at her first start (useradd, about 1.5 s here, one at a time)
+        timed_spawn(hub, user, "cpu")
+    results: dict[str, tuple[float, bool]] = {}
+    since = hub.log_path.stat().st_size
+
+    def login(user: str) -> None:
+        t0 = time.perf_counter()
+        ok = False
+        try:
+            r = hub.spawn(user, profile=STAMPEDE_PROFILE)
+            if r.status_code in (201, 202):
+                hub.wait_ready(user, timeout=240)
+                ok = True
+        except Exception:  # counted as a failure
+            ok = False
+        results[user] = (time.perf_counter() - t0, ok)
+
+    threads = []
+    gap = STAMPEDE_SECONDS / STAMPEDE_USERS
+    for user in users:
+        thread = threading.Thread(target=login, args=(user,))
+        thread.start()
+        threads.append(thread)
+        time.sleep(gap)
+    for thread in threads:
+        thread.join()
+    log = hub.log_path.read_bytes()[since:].decode(errors="replace")
+    warm_users = {u for u in users if f"GPU allocation {u}/ (profile" in log and _served(log, u)}
+    refill = wait_pool(hub, STAMPEDE_PROFILE, STAMPEDE_POOL)
+    for user in users:
+        hub.stop_server(user)
+    return {
+        "failures": sum(1 for _, ok in results.values() if not ok),
+        "warm": [results[u][0] for u in users if u in warm_users and results[u][1]],
+        "cold": [results[u][0] for u in users if u not in warm_users and results[u][1]],
+        "refill_s": refill,
+    }
+
+
+def _served(log: str, user: str) -> bool:
+    return any(
+        f"GPU allocation {user}/ (profile" in line and "served warm by" in line
+        for line in log.splitlines()
+    )
+
+
+def vscode_rounds(hub: Hub, rounds: int = 20) -> str:
+    try:
+        from tests.harness.vscode import replay  # type: ignore[import-not-found]
+    except ImportError:
+        return "n/a"
+    import asyncio
+
+    hub.create_user("vscode")
+    token = hub.api("POST", "/users/vscode/tokens", json={"note": "bench"}).json()["token"]
+    ok = 0
+    for _ in range(rounds):
+        try:
+            result = asyncio.run(replay(hub.url, "vscode", token))
+            ok += bool(getattr(result, "ok", result))
+        except Exception:
+            pass
+        hub.stop_server("vscode")
+    return f"{ok}/{rounds}"
+
+
+def main(rounds: int) -> int:
+    stock_user = f"gpulab-bench-{secrets.token_hex(3)}"
+    with tempfile.TemporaryDirectory(prefix="gpulab-bench-warm-") as tmp:
+        root = Path(tmp)
+        stock = Hub(root / "stock", STOCK_OVERLAY)
+        cold = Hub(root / "cold", GPULAB_OVERLAY)
+        warm = Hub(root / "warm", WARM_OVERLAY)
+        _make_system_user(stock_user, stock.state_dir / "homes" / stock_user)
+        hubs: dict[str, tuple[Hub, str | None, str]] = {
+            "stock": (stock, None, stock_user),
+            "cold": (cold, CLAIM_PROFILE, "bench"),
+            "warm": (warm, CLAIM_PROFILE, "bench"),
+        }
+        times: dict[str, list[float]] = {name: [] for name in hubs}
+        kinds: list[str] = []
+        try:
+            for hub, _, user in hubs.values():
+                hub.start()
+                hub.create_user(user)
+            wait_pool(warm, STAMPEDE_PROFILE, STAMPEDE_POOL)
+            for name, (hub, profile, user) in hubs.items():  # untimed: accounts, caches
+                if name == "warm":
+                    wait_pool(warm, CLAIM_PROFILE, 1)
+                timed_spawn(hub, user, profile)
+            names = list(hubs)
+            for i in range(rounds):
+                order = names[i % len(names) :] + names[: i % len(names)]
+                for name in order:
+                    hub, profile, user = hubs[name]
+                    if name == "warm":
+                        wait_pool(warm, CLAIM_PROFILE, 1)
+                        since = warm.log_path.stat().st_size
+                    times[name].append(timed_spawn(hub, user, profile))
+                    if name == "warm":
+                        kinds.append(warm_kind(warm, user, since))
+            rush = stampede(warm)
+            vscode = vscode_rounds(warm)
+        finally:
+            for hub, _, _ in hubs.values():
+                hub.close()
+            for hub, _, _ in hubs.values():
+                hub.cleanup()
+            subprocess.run(["userdel", stock_user], check=False)
+
+    labels = {
+        "stock": "LocalProcessSpawner (stock, system user)",
+        "cold": "gpulab cold (per-user account, 1/4 GPU)",
+        "warm": "gpulab warm pool claim (1/4 GPU)",
+    }
+    print_table(labels, times, "stock", "cold")
+    warm_ratio = statistics.median(times["warm"]) / statistics.median(times["stock"])
+    warm_p95 = percentile(times["warm"], 0.95)
+    print(f"warm claims served warm: {kinds.count('warm')}/{len(kinds)}")
+    print(
+        f"stampede: {STAMPEDE_USERS} starts in {STAMPEDE_SECONDS:g} s, pool {STAMPEDE_POOL}: "
+        f"{len(rush['warm'])} warm (p50 {_p50(rush['warm'])}), {len(rush['cold'])} cold "
+        f"(p50 {_p50(rush['cold'])}), {rush['failures']} failed, pool refilled in "
+        f"{rush['refill_s']:.1f} s"
+    )
+    print(
+        f"warm_ratio={warm_ratio:.3f} warm_p95_s={warm_p95:.3f} kube_warm_ratio=n/a "
+        f"stampede_failures={rush['failures']} vscode_ok={vscode}"
+    )
+    return 0
+
+
+def _p50(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} s" if values else "-"
