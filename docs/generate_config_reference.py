@@ -30,6 +30,7 @@ TARGETS: list[tuple[str, str]] = [
     ("gpulab.hub.daskservice.hub:GPUDask", "Dask clusters: the cluster store and admission"),
     ("gpulab.hub.ledgerservice.hub:GPULedger", "GPU-hours: the ledger and GPU-hour budgets"),
     ("gpulab.hub.cullservice.hub:GPUCuller", "GPU-aware culling: warn, then stop idle GPU servers"),
+    ("gpulab.hub.warmpoolservice.hub:GPUWarmPool", "warm pools: pre-started servers per profile"),
     ("gpulab.hub.auth:GPULabAuthenticator", "the embedded hub's authenticator"),
     ("gpulab.spawner.local:GPULocalSpawner", "entry point `gpulab-local`"),
     ("gpulab.spawner.local:GPUSimpleLocalSpawner", "entry point `gpulab-simple`"),
