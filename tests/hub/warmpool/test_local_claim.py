@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 from traitlets.config import Config
 
 from tests.harness.hub import merged, run_in_kernel
@@ -44,6 +45,15 @@ def _wait_ready(hub, profile: str, count: int, timeout: float = 90) -> None:
     )
 
 
+def _members(hub) -> list[psutil.Process]:
+    """The hub's warm pool members waiting for a claim (still its own account's: root here)."""
+    return [
+        p
+        for p in psutil.Process(hub.proc.pid).children()
+        if "gpulab.spawner.singleuser.warm_server" in p.cmdline() and p.uids().real == 0
+    ]
+
+
 def _ids(pid: int) -> tuple[set[str], set[str], list[str]]:
     with open(f"/proc/{pid}/status") as f:
         fields = dict(line.split(":", 1) for line in f if ":" in line)
@@ -58,6 +68,15 @@ async def test_a_start_takes_a_ready_member_that_becomes_her_server_and_the_pool
     reserved = _pool_allocations(hub)
     assert len(reserved) == 2
     assert all(a["priority"] == "preemptible" for a in reserved.values()), reserved
+    # before a claim a member is nobody's: it listens on nothing and holds no token or secret
+    members = _members(hub)
+    assert len(members) == 2
+    for member in members:
+        assert member.connections(kind="inet") == []
+        environ = Path(f"/proc/{member.pid}/environ").read_bytes()
+        for secret in (b"TOKEN", b"SECRET", b"CRYPT_KEY", b"JUPYTERHUB_"):
+            assert secret not in environ
+        assert member.nice() == 19  # refilling takes only idle CPU
 
     hub.start_server("alice", profile="gpu-quarter")
     log = hub.log()
@@ -76,6 +95,9 @@ async def test_a_start_takes_a_ready_member_that_becomes_her_server_and_the_pool
     pid = hub.server_pid("alice")
     uids, gids, groups = _ids(pid)
     assert uids == {str(account.pw_uid)} and gids == {str(account.pw_gid)}
+    status = Path(f"/proc/{pid}/status").read_text()
+    assert re.search(r"^CapEff:\s+0+$", status, re.M) and re.search(r"^CapPrm:\s+0+$", status, re.M)
+    assert psutil.Process(pid).nice() == 0
     assert set(groups) <= {str(g) for g in os.getgrouplist(account.pw_name, account.pw_gid)}
     # a kernel runs as her, in her home, on her share, with her server's environment (the
     # server's own /proc/<pid>/environ is the member's start environment: read it from a kernel)
@@ -156,3 +178,13 @@ def test_nobody_may_be_the_pools_account(make_hub):
     r = hub.api("POST", f"/users/{POOL}")
     assert r.status_code == 400, r.text
     assert hub.api("GET", f"/users/{POOL}").status_code == 404
+
+
+def test_the_spawn_page_marks_profiles_ready_now(make_hub):
+    hub = make_hub(merged(TWO_A100, _pool(low=1, high=1)))
+    _wait_ready(hub, "gpu-quarter", 1)
+    admin = hub.login("admin", hub.admin_password())
+    page = admin.get("/hub/spawn").text
+    quarter = page[page.index('id="profile-gpu-quarter"') : page.index('id="profile-gpu-half"')]
+    assert 'class="badge text-bg-success gpulab-ready-now" data-ready="1"' in quarter
+    assert page.count("gpulab-ready-now") == 1
