@@ -72,7 +72,7 @@ async def test_a_start_takes_a_ready_member_that_becomes_her_server_and_the_pool
     members = _members(hub)
     assert len(members) == 2
     for member in members:
-        assert member.connections(kind="inet") == []
+        assert member.net_connections(kind="inet") == []
         environ = Path(f"/proc/{member.pid}/environ").read_bytes()
         for secret in (b"TOKEN", b"SECRET", b"CRYPT_KEY", b"JUPYTERHUB_"):
             assert secret not in environ
