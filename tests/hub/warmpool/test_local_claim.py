@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -188,3 +189,40 @@ def test_the_spawn_page_marks_profiles_ready_now(make_hub):
     quarter = page[page.index('id="profile-gpu-quarter"') : page.index('id="profile-gpu-half"')]
     assert 'class="badge text-bg-success gpulab-ready-now" data-ready="1"' in quarter
     assert page.count("gpulab-ready-now") == 1
+
+
+def test_a_stampede_takes_the_pool_then_starts_cold_and_nothing_fails(make_hub):
+    # the bench's 20 logins in 5 s against 10 members, scaled to what CI's 2 cores carry
+    hub = make_hub(merged(TWO_A100, _pool(profile="gpu-eighth", low=3, high=3)))
+    users = [f"u{i}" for i in range(6)]
+    for user in users:
+        hub.create_user(user)
+    _wait_ready(hub, "gpu-eighth", 3)
+    answers = {}
+
+    def login(user: str) -> None:
+        answers[user] = hub.spawn(user, profile="gpu-eighth").status_code
+
+    threads = [threading.Thread(target=login, args=(u,)) for u in users]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.25)
+    for thread in threads:
+        thread.join()
+    assert set(answers.values()) <= {201, 202}, answers
+    for user in users:
+        hub.wait_ready(user, timeout=180)
+    log = hub.log()
+    warm = {
+        u
+        for u in users
+        if re.search(rf"GPU allocation {u}/ \(profile gpu-eighth\) served warm", log)
+    }
+    assert len(warm) == 3, log[-4000:]
+    # every server is its user's, warm or cold: her allocation, her account
+    allocations = hub.allocations()
+    assert all(allocations[f"{u}/"]["owner"] == u for u in users)
+    for user in users:
+        assert _ids(hub.server_pid(user))[0] == {str(hub.account(user).pw_uid)}
+    # and the pool is back to three ready members
+    _wait_ready(hub, "gpu-eighth", 3)
