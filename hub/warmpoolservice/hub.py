@@ -161,6 +161,8 @@ class GPUWarmPool(SingletonConfigurable):
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._starting: set[asyncio.Task[None]] = set()
+        #: reservations placed for members not yet started (kept by the reconciliation too)
+        self._reserving: set[str] = set()
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -187,7 +189,7 @@ class GPUWarmPool(SingletonConfigurable):
         """Use `capacity` and `backend` (the hub does it in attach_to_hub; tests directly)."""
         self._capacity, self._backend = capacity, backend
         # the members' reservations belong to no server: the start-up reconciliation keeps them
-        capacity.keep_allocations(lambda: set(self.members))
+        capacity.keep_allocations(lambda: set(self.members) | self._reserving)
         # any on-demand start may take a member's GPU: it stops the member
         capacity.add_evictor(is_pool_allocation, self._evict)
         register_collector("warm_pool", _PoolCollector(self))
@@ -348,19 +350,23 @@ class GPUWarmPool(SingletonConfigurable):
         )
         # preemptible: a member never keeps a GPU from anyone's on-demand start
         request = replace(request, priority="preemptible")
+        self._reserving.add(member_id)
         try:
-            placement = await asyncio.to_thread(capacity.allocator.place, request)
-        except AllocationError as e:
-            self.log.debug("Warm pool: no reservation for %s now: %s", profile.slug, e)
-            return False
-        try:
-            member = await backend.start_member(member_id, profile, placement)
-        except Exception as e:
-            self.log.error("Warm pool: member %s did not start: %s", member_id, e)
-            self.failed_total[profile.slug] += 1
-            await capacity.release(member_id, "released")
-            return False
-        self.members[member_id] = member
+            try:
+                placement = await asyncio.to_thread(capacity.allocator.place, request)
+            except AllocationError as e:
+                self.log.debug("Warm pool: no reservation for %s now: %s", profile.slug, e)
+                return False
+            try:
+                member = await backend.start_member(member_id, profile, placement)
+            except Exception as e:
+                self.log.error("Warm pool: member %s did not start: %s", member_id, e)
+                self.failed_total[profile.slug] += 1
+                await capacity.release(member_id, "released")
+                return False
+            self.members[member_id] = member
+        finally:
+            self._reserving.discard(member_id)
         task = asyncio.ensure_future(self._await_ready(member))
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
