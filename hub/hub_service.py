@@ -26,6 +26,14 @@ async def wait_started(starting: asyncio.Future[Any] | None, timeout: float) -> 
             await asyncio.wait_for(asyncio.shield(starting), timeout)
 
 
+async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
+    """Cancel a service's background task and return once it has ended (None: nothing to do)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def admission_loop(
     admit: Callable[[], Awaitable[Any]],
     wake: asyncio.Event,

@@ -28,7 +28,7 @@ from traitlets.config import SingletonConfigurable
 
 from gpulab.hub.allocator import Request
 from gpulab.hub.capacity import HOUR_BUDGET_REFUSAL, GPUCapacity, HourBudgetStanding
-from gpulab.hub.hub_service import hub_started, stop_server
+from gpulab.hub.hub_service import cancel_and_wait, hub_started, stop_server
 from gpulab.hub.ledger import BUDGET, Budget, HourQuota, HourQuotaError, budgets, tightest
 from gpulab.hub.ledger.feed import LedgerFeed
 from gpulab.hub.ledger.quota import EXHAUSTED, WARN, allocated_milli_seconds
@@ -169,11 +169,8 @@ class GPULedger(SingletonConfigurable):
 
     async def close(self) -> None:
         """Write what is queued and stop (a hub's clean shutdown, tests)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self.feed is not None:
             await asyncio.to_thread(self.feed.flush)
         if self.store is not None:

@@ -32,7 +32,7 @@ from traitlets.config import SingletonConfigurable
 
 from gpulab.hub.allocator import AllocationError, Placement
 from gpulab.hub.capacity import GPUCapacity, profile_milli
-from gpulab.hub.hub_service import hub_started
+from gpulab.hub.hub_service import cancel_and_wait, hub_started
 from gpulab.hub.profiles import Profile
 from gpulab.hub.prometheus import register_collector
 from gpulab.hub.warmpool import (
@@ -196,11 +196,8 @@ class GPUWarmPool(SingletonConfigurable):
 
     async def close(self) -> None:
         """Stop checking and stop every member (their reservations are released)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for task in list(self._starting):
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
