@@ -438,6 +438,13 @@ class GPUCapacity(SingletonConfigurable):
     def visible_profiles(self, groups: frozenset[str], is_admin: bool) -> list[Profile]:
         return [p for p in self.catalog if p.visible_to(groups, is_admin)]
 
+    def default_profile(self, groups: frozenset[str], is_admin: bool) -> Profile | None:
+        """The profile a start that names none gets: the catalog's `default` one when the user
+        may use it, else her first visible one; None when she may use none."""
+        visible = self.visible_profiles(groups, is_admin)
+        default = next((p for p in self.catalog if p.default), None)
+        return default if default in visible else (visible[0] if visible else None)
+
     def workload_profile(self, slug: str, groups: frozenset[str], is_admin: bool) -> Profile:
         """The profile `slug` for a workload (a job run, a Dask cluster's workers) of a user in
         `groups`; ProfileUnavailable, with the sentence for her, when it is not one of hers or

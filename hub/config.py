@@ -41,7 +41,7 @@ from typing import Any
 
 from jupyterhub.app import JupyterHub
 from jupyterhub.auth import Authenticator
-from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode
+from traitlets import Bool, Enum, Float, Integer, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
 from traitlets.utils.importstring import import_item
 
@@ -244,6 +244,23 @@ class GPULab(Configurable):
         help="""A config file for gpulab-metrics (c.MetricsService.rules and its other options).
         Empty: its defaults.""",
     )
+    ide_token_expires_in_seconds = Integer(
+        7 * 24 * 3600,
+        config=True,
+        help="""How long a token made on /hub/gpulab/ide (for VS Code's JupyterHub extension)
+        stays valid, in seconds (default 7 days). Such a token holds only its user's own
+        servers (start, stop, reach); the user makes a new one when it expires.""",
+    )
+
+    @validate("ide_token_expires_in_seconds")
+    def _check_ide_token_expiry(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if value <= 0:
+            raise TraitError(
+                f"GPULab.ide_token_expires_in_seconds must be > 0 (an IDE token always "
+                f"expires), got {value}"
+            )
+        return value
 
 
 def _free_loopback_port() -> int:

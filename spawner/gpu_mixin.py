@@ -253,9 +253,7 @@ class GPUSpawnerMixin(Configurable):
             )
         slug = user_options.get("profile")
         if slug in (None, ""):
-            default = next((p for p in capacity.catalog if p.default), None)
-            visible = capacity.visible_profiles(self.user_groups, self.is_admin)
-            chosen = default if default in visible else (visible[0] if visible else None)
+            chosen = capacity.default_profile(self.user_groups, self.is_admin)
             if chosen is None:
                 raise refusal(403, f"No profile is available to user {self.user.name!r}")
             return chosen

@@ -1,4 +1,5 @@
-"""GET /hub/api/gpulab/capacity: the caller's GPU profiles with free and waiting counts, and quota."""
+"""GET /hub/api/gpulab/capacity: the caller's GPU profiles with free and waiting counts, and quota,
+and which profile a start without options (VS Code's empty body) would get."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from tornado import web
 
 from gpulab.hub.apihandlers.base import GPULabAPIHandler
 from gpulab.hub.warmpoolservice import GPUWarmPool
+
+#: how a start without options picks its profile (`gpulab.hub.handlers.servers`), for clients
+#: such as VS Code that cannot send options
+EMPTY_START = (
+    "A start without options (an empty body) of a named server called like one of these "
+    "profiles' slugs uses that profile; any other start without options uses default_profile."
+)
 
 
 class CapacityAPIHandler(GPULabAPIHandler):
@@ -38,8 +46,11 @@ class CapacityAPIHandler(GPULabAPIHandler):
                     "ready_now": pool.ready_count(profile.slug),
                 }
             )
+        default = capacity.default_profile(groups, bool(getattr(caller, "admin", False)))
         self.write(
             {
+                "default_profile": default.slug if default is not None else None,
+                "empty_start": EMPTY_START,
                 "inventory": capacity.inventory_label,
                 "declared": capacity.inventory_is_declared,
                 "quota": capacity.quota_summary(caller.name, groups),

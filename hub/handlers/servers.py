@@ -7,6 +7,9 @@
   `named_server_limit_per_user`. The default server's record stays: JupyterHub creates it for
   every user anyway (`user.spawner`) and the home page needs it.
 - The spawn API's body is capped at `MAX_BODY_BYTES` (413) before JupyterHub parses it.
+- A start through the API without options (an empty body, as VS Code's JupyterHub extension
+  sends) gets a profile chosen on purpose (`start_options_for_empty_body`), never the options of
+  the server's last start, which JupyterHub's `User.spawn` would load.
 
 These subclasses are returned first by the hub's authenticator's `get_handlers`, whose routes
 JupyterHub matches before its own: `gpulab.hub.config.apply(c)` extends whichever authenticator
@@ -25,6 +28,7 @@ from jupyterhub.handlers.pages import SpawnHandler, SpawnPendingHandler
 from tornado import web
 
 from gpulab.hub.apihandlers import workspace_actions
+from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.refusals import check_body_size, is_expected_refusal
 
 
@@ -120,6 +124,24 @@ def _forget_refused_servers(handler: Any, user: Any) -> None:
             forget_unstarted_server(handler, user, name)
 
 
+def start_options_for_empty_body(
+    capacity: GPUCapacity, groups: frozenset[str], is_admin: bool, server_name: str
+) -> tuple[dict[str, str], str]:
+    """The options of a start that names none, and why: for a named server called like a
+    profile the user may use, that profile (the named-server convention: an IDE that cannot send
+    options picks `gpu-a100` by starting the server `gpu-a100`); otherwise her default profile
+    (`GPUCapacity.default_profile`). Empty options when she may use no profile (the spawner then
+    refuses the start with the reason)."""
+    if server_name:
+        named = capacity.profile(server_name)
+        if named is not None and named in capacity.visible_profiles(groups, is_admin):
+            return {"profile": named.slug}, "the server's name"
+    default = capacity.default_profile(groups, is_admin)
+    if default is None:
+        return {}, "no profile is available"
+    return {"profile": default.slug}, "the default profile"
+
+
 class _ServerChecks:
     """The checks both the REST API and the spawn pages share (mixed into their handlers)."""
 
@@ -143,6 +165,27 @@ class GPULabUserServerAPIHandler(_ServerChecks, UserServerAPIHandler):
     async def prepare(self) -> None:
         check_body_size(self)
         await super().prepare()
+
+    def get_server_json_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = super().get_server_json_body()
+        if self.request.method != "POST" or body.get("user_options") is not None:
+            return body
+        user = self.find_user(self.path_args[0]) if self.path_args else None
+        if user is None:
+            return body  # JupyterHub answers 404
+        server_name = self.path_args[1] if len(self.path_args) > 1 else ""
+        groups = frozenset(g.name for g in user.groups)
+        capacity = GPUCapacity.instance(config=self.settings["config"], log=self.log)
+        options, why = start_options_for_empty_body(capacity, groups, user.admin, server_name)
+        self.log.info(
+            "Start of %s/%s without options: profile %r (%s)",
+            user.name,
+            server_name,
+            options.get("profile"),
+            why,
+        )
+        body["user_options"] = options
+        return body
 
     async def post(self, user_name: str, server_name: str = "") -> None:
         user = self.find_user(user_name)

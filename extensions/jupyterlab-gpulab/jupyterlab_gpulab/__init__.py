@@ -32,7 +32,12 @@ def _link_jupyter_server_extension(server_app: Any) -> None:
     """Make gpulab's backend jupyter-scheduler's default. Every extension is linked before any
     is loaded, and jupyter-scheduler makes its scheduler when loaded, so this comes in time
     whatever the order. (Config in a `jupyter_server_config.d/*.json` file cannot do it: Jupyter
-    Server reads only `jpserver_extensions` from those.)"""
+    Server reads only `jpserver_extensions` from those.) Under a hub, kernel websockets also take
+    the token in the URL (`websocket_auth`: VS Code's remote kernels)."""
+    if os.environ.get("JUPYTERHUB_API_URL") is not None:
+        from . import websocket_auth
+
+        websocket_auth.install(server_app)
     scheduler = server_app.extension_manager.extension_apps.get("jupyter_scheduler")
     if not scheduler or os.environ.get("JUPYTERHUB_API_URL") is None:
         return  # outside a hub, jupyter-scheduler keeps its stock local execution
@@ -62,6 +67,11 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     for handler in server_app.log.handlers:
         pkg_log.addHandler(handler)
 
+    if os.environ.get("JUPYTERHUB_API_URL") is not None:
+        from . import websocket_auth
+
+        if websocket_auth.verify(server_app):
+            server_app.log.info("jupyterlab_gpulab: kernel websockets take the token in the URL")
     monitor = GPUMonitor(parent=server_app)
     setup_handlers(server_app.web_app, monitor)
     setup_job_handlers(server_app.web_app)
