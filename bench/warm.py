@@ -12,7 +12,8 @@ Then the stampede, on the warm hub: 20 returning users (each started a CPU serve
 untimed, so their accounts exist) start its 1/8-GPU profile within 5 s against a pool
 of 10 members. The first are served warm, the others cold; no start may fail; the pool must be
 back to 10 ready members afterwards. Then VS Code's request sequence (tests.harness.vscode), 20
-times against the warm hub, when that client is present.
+times against the warm hub: an empty-body start of the named server called like the pool's
+profile (gpulab's named-server convention), a cell that must see the GPU share, a stop.
 
 The dev cluster's figure (kube_warm_ratio) is printed as n/a until the Kubernetes backend keeps
 warm servers (see README, Performance).
@@ -126,24 +127,28 @@ def _served(log: str, user: str) -> bool:
     )
 
 
-def vscode_rounds(hub: Hub, rounds: int = 20) -> str:
-    try:
-        from tests.harness.vscode import replay  # type: ignore[import-not-found]
-    except ImportError:
-        return "n/a"
+def vscode_rounds(hub: Hub, rounds: int = 20) -> tuple[str, list[float], int]:
+    """VS Code's request sequence (tests.harness.vscode), `rounds` times: connect, start the
+    named server called like the pool's profile with an empty body (the named-server
+    convention), run a cell that must see the share, stop. Each round waits (untimed) for the
+    pool to have refilled. Returns 'k/rounds', each round's seconds and how many were warm."""
     import asyncio
 
+    from tests.harness.vscode import make_ide_token, replay
+
     hub.create_user("vscode")
-    token = hub.api("POST", "/users/vscode/tokens", json={"note": "bench"}).json()["token"]
-    ok = 0
+    token = make_ide_token(hub, "vscode")
+    ok, seconds, warm = 0, [], 0
     for _ in range(rounds):
-        try:
-            result = asyncio.run(replay(hub.url, "vscode", token))
-            ok += bool(getattr(result, "ok", result))
-        except Exception:
-            pass
-        hub.stop_server("vscode")
-    return f"{ok}/{rounds}"
+        wait_pool(hub, CLAIM_PROFILE, 1)
+        since = hub.log_path.stat().st_size
+        result = asyncio.run(replay(hub.url, "vscode", token, server_name=CLAIM_PROFILE))
+        shared = result.ok and bool(result.env.get("CUDA_VISIBLE_DEVICES"))
+        ok += shared
+        seconds.append(result.seconds)
+        text = hub.log_path.read_bytes()[since:].decode(errors="replace")
+        warm += f"GPU allocation vscode/{CLAIM_PROFILE} (profile" in text and "served warm" in text
+    return f"{ok}/{rounds}", seconds, warm
 
 
 def main(rounds: int) -> int:
@@ -182,7 +187,7 @@ def main(rounds: int) -> int:
                     if name == "warm":
                         kinds.append(warm_kind(warm, user, since))
             rush = stampede(warm)
-            vscode = vscode_rounds(warm)
+            vscode, vscode_seconds, vscode_warm = vscode_rounds(warm)
         finally:
             for hub, _, _ in hubs.values():
                 hub.close()
@@ -204,6 +209,10 @@ def main(rounds: int) -> int:
         f"{len(rush['warm'])} warm (p50 {_p50(rush['warm'])}), {len(rush['cold'])} cold "
         f"(p50 {_p50(rush['cold'])}), {rush['failures']} failed, pool refilled in "
         f"{rush['refill_s']:.1f} s"
+    )
+    print(
+        f"VS Code sequence (connect, empty start of named server {CLAIM_PROFILE}, cell, stop): "
+        f"{vscode} ok, {vscode_warm} served warm, p50 {_p50(vscode_seconds)} a round"
     )
     print(
         f"warm_ratio={warm_ratio:.3f} warm_p95_s={warm_p95:.3f} kube_warm_ratio=n/a "
