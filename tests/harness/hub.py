@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
-import json
 import os
 import pwd
 import secrets
@@ -37,6 +36,7 @@ from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 from traitlets.config import Config, LazyConfigValue
 
+from tests.harness.kernel_ws import execute
 from tests.harness.ports import free_port
 from tests.harness.tiers import note_started
 
@@ -439,47 +439,12 @@ async def run_in_kernel(
             ws = await websocket_connect(
                 HTTPRequest(ws_url, headers=headers, connect_timeout=timeout)
             )
-            msg_id = uuid.uuid4().hex
-            ws.write_message(
-                json.dumps(
-                    {
-                        "header": {
-                            "msg_id": msg_id,
-                            "msg_type": "execute_request",
-                            "username": user,
-                            "session": uuid.uuid4().hex,
-                            "version": "5.3",
-                        },
-                        "parent_header": {},
-                        "metadata": {},
-                        "content": {
-                            "code": code,
-                            "silent": False,
-                            "store_history": False,
-                            "user_expressions": {},
-                            "allow_stdin": False,
-                        },
-                        "channel": "shell",
-                    }
+            try:
+                return await execute(
+                    ws, code, session=uuid.uuid4().hex, username=user, timeout=timeout
                 )
-            )
-            out = []
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                raw = await ws.read_message()
-                if raw is None:
-                    break
-                msg = json.loads(raw)
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                if msg["msg_type"] == "stream":
-                    out.append(msg["content"]["text"])
-                elif msg["msg_type"] == "error":
-                    raise AssertionError("kernel error: " + "\n".join(msg["content"]["traceback"]))
-                elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                    break
-            ws.close()
-            return "".join(out)
+            finally:
+                ws.close()
         finally:
             if not keep_kernel:
                 await client.delete(f"{base}api/kernels/{kernel_id}")

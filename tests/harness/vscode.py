@@ -41,6 +41,8 @@ import httpx
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
+from tests.harness.kernel_ws import KernelCellError, execute
+
 #: what the cell prints: the GPU variables of the kernel's environment, as JSON
 GPU_ENV_CELL = (
     "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if k in "
@@ -223,50 +225,9 @@ async def run_cell(
         headers = _auth(token)
     ws = await websocket_connect(HTTPRequest(ws_url, headers=headers, connect_timeout=timeout))
     try:
-        msg_id = uuid.uuid4().hex
-        ws.write_message(
-            json.dumps(
-                {
-                    "header": {
-                        "msg_id": msg_id,
-                        "msg_type": "execute_request",
-                        "username": "",
-                        "session": session_id,
-                        "version": "5.3",
-                    },
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": {
-                        "code": code,
-                        "silent": False,
-                        "store_history": True,
-                        "user_expressions": {},
-                        "allow_stdin": False,
-                        "stop_on_error": True,
-                    },
-                    "channel": "shell",
-                    "buffers": [],
-                }
-            )
-        )
-        out: list[str] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ReplayError(f"no idle status after {timeout} s")
-            raw = await asyncio.wait_for(ws.read_message(), left)
-            if raw is None:
-                raise ReplayError("kernel websocket closed")
-            msg = json.loads(raw)
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            elif msg["msg_type"] == "error":
-                raise ReplayError("kernel error: " + msg["content"]["evalue"])
-            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                return "".join(out)
+        return await execute(ws, code, session=session_id, timeout=timeout)
+    except KernelCellError as e:
+        raise ReplayError(str(e)) from None
     finally:
         ws.close()
 
