@@ -70,10 +70,18 @@ def wait_pool(hub: Hub, profile: str, count: int, timeout: float = 300) -> float
     raise TimeoutError(f"{count} warm {profile} members not ready in {timeout} s")
 
 
-def warm_kind(hub: Hub, user: str, since: int) -> str:
-    """'warm' when the hub's log says `user`'s last start (after byte `since`) took a member."""
-    text = hub.log_path.read_bytes()[since:].decode(errors="replace")
-    return "warm" if f"{user}/ (profile" in text and "served warm by" in text else "cold"
+def log_since(hub: Hub, since: int) -> str:
+    """The hub's log from byte `since` on."""
+    return hub.log_path.read_bytes()[since:].decode(errors="replace")
+
+
+def served_warm(log: str, allocation_id: str) -> bool:
+    """Whether `log` says the start of `allocation_id` ('alice/', 'alice/gpu-quarter') took a
+    pool member (the local spawner's line for a warm start)."""
+    return any(
+        f"GPU allocation {allocation_id} (profile" in line and "served warm by" in line
+        for line in log.splitlines()
+    )
 
 
 def stampede(hub: Hub) -> dict[str, Any]:
@@ -107,8 +115,8 @@ def stampede(hub: Hub) -> dict[str, Any]:
         time.sleep(gap)
     for thread in threads:
         thread.join()
-    log = hub.log_path.read_bytes()[since:].decode(errors="replace")
-    warm_users = {u for u in users if f"GPU allocation {u}/ (profile" in log and _served(log, u)}
+    log = log_since(hub, since)
+    warm_users = {u for u in users if served_warm(log, f"{u}/")}
     refill = wait_pool(hub, STAMPEDE_PROFILE, STAMPEDE_POOL)
     for user in users:
         hub.stop_server(user)
@@ -118,13 +126,6 @@ def stampede(hub: Hub) -> dict[str, Any]:
         "cold": [results[u][0] for u in users if u not in warm_users and results[u][1]],
         "refill_s": refill,
     }
-
-
-def _served(log: str, user: str) -> bool:
-    return any(
-        f"GPU allocation {user}/ (profile" in line and "served warm by" in line
-        for line in log.splitlines()
-    )
 
 
 def vscode_rounds(hub: Hub, rounds: int = 20) -> tuple[str, list[float], int]:
@@ -146,8 +147,7 @@ def vscode_rounds(hub: Hub, rounds: int = 20) -> tuple[str, list[float], int]:
         shared = result.ok and bool(result.env.get("CUDA_VISIBLE_DEVICES"))
         ok += shared
         seconds.append(result.seconds)
-        text = hub.log_path.read_bytes()[since:].decode(errors="replace")
-        warm += f"GPU allocation vscode/{CLAIM_PROFILE} (profile" in text and "served warm" in text
+        warm += served_warm(log_since(hub, since), f"vscode/{CLAIM_PROFILE}")
     return f"{ok}/{rounds}", seconds, warm
 
 
@@ -185,7 +185,8 @@ def main(rounds: int) -> int:
                         since = warm.log_path.stat().st_size
                     times[name].append(timed_spawn(hub, user, profile))
                     if name == "warm":
-                        kinds.append(warm_kind(warm, user, since))
+                        served = served_warm(log_since(warm, since), f"{user}/")
+                        kinds.append("warm" if served else "cold")
             rush = stampede(warm)
             vscode, vscode_seconds, vscode_warm = vscode_rounds(warm)
         finally:

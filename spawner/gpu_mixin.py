@@ -307,6 +307,16 @@ class GPUSpawnerMixin(Configurable):
             affinity_group=self.gpulab_affinity_group,
         )
 
+    async def release_stale_allocation(self) -> None:
+        """A server that is starting holds nothing: an allocation under its id is a leftover
+        (e.g. of a spawn the hub did not see fail) and is released before it is given anew."""
+        capacity = self.gpu_capacity
+        if capacity.allocator.get(self.allocation_id) is not None:
+            self.log.warning(
+                "Releasing stale GPU allocation %s before spawning", self.allocation_id
+            )
+            await capacity.release(self.allocation_id)
+
     async def gpulab_allocate(self, profile: Profile) -> Placement:
         """Place this server's request; waits up to queue_timeout_seconds when nothing fits."""
         capacity = self.gpu_capacity
@@ -320,11 +330,7 @@ class GPUSpawnerMixin(Configurable):
                 f"({capacity.inventory_label}); pick a smaller profile",
             )
         request = self.gpulab_request(profile)
-        # A server that is starting holds nothing: an allocation under its id is a leftover
-        # (e.g. of a spawn the hub did not see fail) and is released before placing anew.
-        if capacity.allocator.get(request.id) is not None:
-            self.log.warning("Releasing stale GPU allocation %s before spawning", request.id)
-            await capacity.release(request.id)
+        await self.release_stale_allocation()
         deadline = time.monotonic() + self.queue_timeout_seconds
         while True:
             try:

@@ -46,7 +46,7 @@ class CapacityAPIHandler(GPULabAPIHandler):
                     "ready_now": pool.ready_count(profile.slug),
                 }
             )
-        default = capacity.default_profile(groups, bool(getattr(caller, "admin", False)))
+        default = capacity.default_profile(groups, self.sees_every_profile())
         self.write(
             {
                 "default_profile": default.slug if default is not None else None,

@@ -57,8 +57,7 @@ class IDETokenPageHandler(BaseHandler):
             return str(public.geturl()).rstrip("/") + "/"
         return f"{self.request.protocol}://{self.request.host}{self.base_url}"
 
-    async def _render(self, token: str = "", expires_at: str = "") -> str:
-        seconds = ide_token_expiry_seconds(self.settings["config"])
+    async def _render(self, seconds: int, token: str = "", expires_at: str = "") -> str:
         page = self.render_template(
             TEMPLATE,
             sync=True,
@@ -73,7 +72,7 @@ class IDETokenPageHandler(BaseHandler):
 
     @web.authenticated
     async def get(self) -> None:
-        self.write(await self._render())
+        self.write(await self._render(ide_token_expiry_seconds(self.settings["config"])))
 
     @web.authenticated
     async def post(self) -> None:
@@ -92,7 +91,9 @@ class IDETokenPageHandler(BaseHandler):
         # never cached: the page carries the token
         self.set_header("Cache-Control", "no-store")
         self.write(
-            await self._render(token=token, expires_at=expires.strftime("%Y-%m-%d %H:%M UTC"))
+            await self._render(
+                seconds, token=token, expires_at=expires.strftime("%Y-%m-%d %H:%M UTC")
+            )
         )
 
 

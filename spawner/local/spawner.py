@@ -236,15 +236,14 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             self.cpu_limit = profile.cpu_limit
         self.check_server_accounts()
         await self.apply_workspace_options()
-        warm = await self._start_warm(profile)
-        if warm is not None:
-            self._start_watchdog()
-            self.start_snapshot_schedule()
-            return warm
-        await self.gpulab_allocate(profile)
+        member = await self._claim_warm(profile)
+        if member is None:
+            await self.gpulab_allocate(profile)
         try:
             await self.prepare_workspace(self.workspace_home_dir())
-            url = await self._start_process()
+            url = await self._bind_warm(member, profile) if member is not None else None
+            if url is None:
+                url = await self._start_process()
         except BaseException:
             await self.gpulab_release()
             raise
@@ -256,22 +255,27 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
 
     # -- warm pool (gpulab.hub.warmpoolservice; members: gpulab.spawner.local.warm_pool) ------
 
-    #: how the last start went: "warm" (a pool member became this server) or "cold"
-    gpulab_start_kind = "cold"
-
     @classmethod
     def warm_pool_backend(cls, *, config: Any, log: Any) -> Any:
-        """The embedded default's warm pool members (`KeepsWarmServers`)."""
+        """The embedded default's warm pool members (`KeepsWarmServers`), made before any
+        spawner exists: the settings they need are read from `config` as traitlets would
+        resolve them for this class (a subclass's section over its parents')."""
         from gpulab.spawner.local.warm_pool import DEFAULT_ENV_KEEP, LocalWarmBackend
 
+        def configured(name: str, fallback: Any) -> Any:
+            value = fallback
+            for klass in reversed(cls.__mro__):
+                section = config.get(klass.__name__)
+                if section is not None and name in section:
+                    value = section[name]
+            return value
+
         capacity = GPUCapacity.instance(config=config, log=log)
-        ours = config.get(cls.__name__, {})
-        keep = ours.get("env_keep") or config.get("Spawner", {}).get("env_keep")
         return LocalWarmBackend(
             capacity.gpu_by_uuid,
-            env_keep=tuple(keep or DEFAULT_ENV_KEEP),
-            mps_pipe_directory=str(ours.get("mps_pipe_directory") or ""),
-            mps_log_directory=str(ours.get("mps_log_directory") or ""),
+            env_keep=tuple(configured("env_keep", DEFAULT_ENV_KEEP)),
+            mps_pipe_directory=str(configured("mps_pipe_directory", "")),
+            mps_log_directory=str(configured("mps_log_directory", "")),
         )
 
     def _warm_claim_possible(self) -> bool:
@@ -289,35 +293,39 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
             raise RuntimeError(f"no system account resolved for {self.user.name} before its start")
         return account.uid, account.gid, tuple(os.getgrouplist(account.name, account.gid))
 
-    async def _start_warm(self, profile: Any) -> Any:
-        """Serve this start with a ready pool member of `profile`: its reservation becomes this
-        server's allocation (quota and budget checked), then the process becomes this user's
-        server. None when no member is ready or the claim fails (the member is discarded and
-        the start goes cold, which also gives any refusal its usual message)."""
+    async def _claim_warm(self, profile: Any) -> Any:
+        """A ready pool member of `profile` whose reservation is now this server's allocation
+        (her quota and budget checked), or None: start cold (a refusal then gets its usual
+        words from `gpulab_allocate`; a member that could not be handed over is discarded)."""
         from gpulab.hub.allocator import AllocationError
-        from gpulab.hub.warmpoolservice import GPUWarmPool, WarmStartFailed
-        from gpulab.spawner.local.warm_pool import Binding
+        from gpulab.hub.warmpoolservice import GPUWarmPool
 
-        self.gpulab_start_kind = "cold"
         pool = GPUWarmPool.instance(config=self.config, log=self.log)
         if not pool.specs or not self._warm_claim_possible():
             return None
         member = pool.claim(profile.slug)
         if member is None:
             return None
-        capacity = self.gpu_capacity
-        if capacity.allocator.get(self.allocation_id) is not None:
-            await capacity.release(self.allocation_id)  # a leftover, as gpulab_allocate says
+        await self.release_stale_allocation()
         try:
-            placement = await capacity.hand_over(member.id, self.gpulab_request(profile))
+            placement = await self.gpu_capacity.hand_over(member.id, self.gpulab_request(profile))
         except AllocationError as e:
             self.log.info("Warm member %s not used for %s: %s", member.id, self.allocation_id, e)
             await pool.discard(member)
             return None
         self.gpulab_placement = placement
         self.show_gpu_summary(profile.slug, placement)
+        return member
+
+    async def _bind_warm(self, member: Any, profile: Any) -> Any:
+        """Make the claimed `member` this user's server (her account, home, environment); its
+        address, or None when it cannot serve: the member is discarded and the server starts
+        cold on the share it handed over."""
+        from gpulab.hub.warmpoolservice import GPUWarmPool, WarmStartFailed
+        from gpulab.spawner.local.warm_pool import Binding
+
+        pool = GPUWarmPool.instance(config=self.config, log=self.log)
         try:
-            await self.prepare_workspace(self.workspace_home_dir())
             if self.port == 0:
                 self.port = random_port()
             uid, gid, groups = self._binding_account()
@@ -339,24 +347,19 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
                 e,
             )
             await pool.discard(member)
-            await self.gpulab_release()
             return None
         except BaseException:
             await pool.discard(member)
-            await self.gpulab_release()
             raise
-        finally:
-            self.workspace_auto_restore = False
         self.proc = member.proc
         self.pid = pid
-        self.gpulab_start_kind = "warm"
         self.log.info(
             "GPU allocation %s (profile %s) served warm by %s (pid %s) on %s",
             self.allocation_id,
             profile.slug,
             member.id,
             pid,
-            placement.node,
+            self.gpulab_placement.node if self.gpulab_placement else "?",
         )
         return (self.ip or "127.0.0.1", self.port)
 

@@ -77,8 +77,8 @@ class LocalWarmMember:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._ready = False
-        #: how long the member took to import what a server imports (its own measure)
-        self.warm_seconds: float | None = None
+        #: a claim was sent: it no longer exits when the channel closes (it is a server now)
+        self._claimed = False
 
     @property
     def ready(self) -> bool:
@@ -114,7 +114,6 @@ class LocalWarmMember:
         answer = await self._answer(timeout)
         if "ready" not in answer:
             raise WarmStartFailed(f"unexpected answer {answer!r:.80}")
-        self.warm_seconds = float(answer.get("seconds") or 0)
         self._ready = True
 
     async def bind(self, binding: Binding, timeout: float = 10.0) -> int:
@@ -130,6 +129,7 @@ class LocalWarmMember:
             "argv": binding.argv,
             "directory_only": binding.directory_only,
         }
+        self._claimed = True
         writer.write(json.dumps(claim).encode() + b"\n")
         await writer.drain()
         answer = await self._answer(timeout)
@@ -142,14 +142,16 @@ class LocalWarmMember:
         return self.pid
 
     async def discard(self) -> None:
-        """Close the channel (a member waiting for a claim exits), then make sure it ended."""
+        """Close the channel (a member waiting for a claim exits), then make sure it ended: at
+        once for a member that was sent a claim (it may be running a server already)."""
         if self._writer is not None:
             self._writer.close()
         else:
             self._control.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            await asyncio.to_thread(self.proc.wait, 5)
-            return
+        if not self._claimed:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self.proc.wait, 5)
+                return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         await asyncio.to_thread(self.proc.wait)

@@ -226,3 +226,21 @@ def test_a_stampede_takes_the_pool_then_starts_cold_and_nothing_fails(make_hub):
         assert _ids(hub.server_pid(user))[0] == {str(hub.account(user).pw_uid)}
     # and the pool is back to three ready members
     _wait_ready(hub, "gpu-eighth", 3)
+
+
+def test_a_member_that_cannot_serve_is_discarded_and_the_start_runs_cold_on_its_share(make_hub):
+    # a variable Python reads at start cannot be applied to a running member: it refuses
+    overlay = Config(Spawner={"environment": {"PYTHONUNBUFFERED": "1"}})
+    hub = make_hub(merged(TWO_A100, _pool(low=1, high=1), overlay))
+    hub.create_user("alice")
+    _wait_ready(hub, "gpu-quarter", 1)
+    (reserved,) = _pool_allocations(hub).values()
+    hub.start_server("alice", profile="gpu-quarter")
+    log = hub.log()
+    assert re.search(
+        r"could not serve alice/ \(needs PYTHONUNBUFFERED at start\); starting cold", log
+    )
+    mine = hub.allocations()["alice/"]
+    assert mine["owner"] == "alice" and mine["gpus"] == reserved["gpus"]
+    assert _ids(hub.server_pid("alice"))[0] == {str(hub.account("alice").pw_uid)}
+    assert hub.server_env("alice")["PYTHONUNBUFFERED"] == "1"  # a cold start's own environment
