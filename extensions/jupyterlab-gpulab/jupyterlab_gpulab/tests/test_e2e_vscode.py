@@ -60,6 +60,17 @@ def _last_activity(hub: Any, user: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
+def _culling_state(hub: Any, user: str) -> dict[str, Any]:
+    """The server's GPU-aware culling state (its GET records no input)."""
+    r = httpx.get(
+        f"{hub.url}/user/{user}/gpulab/culling",
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
 def test_vscode_opens_from_the_launcher_and_its_terminal_sees_the_gpu_share(
     make_hub: Any, page: Any
 ) -> None:
@@ -132,6 +143,8 @@ def test_an_open_vscode_is_activity_only_while_typed_into(make_hub: Any, page: A
     while time.monotonic() < deadline:
         assert _last_activity(hub, "admin") == settled, "an untouched VS Code tab was activity"
         time.sleep(1)
+    # nor input for GPU-aware culling (nothing else of the server was opened)
+    assert _culling_state(hub, "admin")["last_input_seconds_ago"] is None
     _open_terminal(page)
     page.keyboard.type("echo typing\n", delay=50)
     wait_for(
@@ -140,3 +153,4 @@ def test_an_open_vscode_is_activity_only_while_typed_into(make_hub: Any, page: A
         30,
         0.5,
     )
+    assert _culling_state(hub, "admin")["last_input_seconds_ago"] < 30
