@@ -380,6 +380,9 @@ def apply(c: Config) -> None:
     if "server_token_scopes" not in c.Spawner:  # an admin's own choice wins
         c.Spawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
     add_dask(c)
+    # VS Code's traffic through a route of its own that is no activity (an admin's proxy wins)
+    if "proxy_class" not in c.JupyterHub:
+        c.JupyterHub.proxy_class = "gpulab.hub.proxy.GPULabProxy"
     configured = c.JupyterHub.get("authenticator_class", DEFAULT_AUTHENTICATOR)
     c.JupyterHub.authenticator_class = with_hub_hooks(authenticator_class(configured))
     add_web(c)

@@ -59,6 +59,7 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     from .handlers import setup_handlers
     from .jobs_handlers import setup_job_handlers
     from .monitor import GPUMonitor
+    from .vscode import count_only_input
 
     # the package's module loggers write where the server's log goes
     pkg_log = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     setup_budget_handlers(server_app.web_app)
     # GPU-aware culling: real input and busy kernels reported to the hub, its warnings shown
     setup_culling(server_app.web_app, server_app.kernel_manager)
+    # VS Code in the browser (jupyter-server-proxy's route, loaded before this extension): only
+    # the workbench's real input counts as activity, not its keep-alives
+    if count_only_input(server_app.web_app):
+        server_app.log.info("jupyterlab_gpulab: VS Code at %svscode/", server_app.base_url)
     try:  # Dask clusters in the lab: gpulab[dask] installs distributed and dask-labextension
         from .dask_lab import setup_dask_lab
     except ImportError as e:
