@@ -124,6 +124,18 @@ async def test_a_start_takes_a_ready_member_that_becomes_her_server_and_the_pool
         assert r.status_code == 403, r.text
         r = await client.get("api/status", headers={"Authorization": f"token {alice_token}"})
         assert r.status_code == 200, r.text
+        # VS Code in the browser works in a claimed server as in a cold one: code-server starts
+        # as her, bob is refused by her server
+        r = await client.get("vscode/", headers={"Authorization": f"token {alice_token}"})
+        assert r.status_code == 302 and "folder=" in r.headers["location"], (r.status_code, r.text)
+        r = await client.get("vscode/", headers={"Authorization": f"token {bob_token}"})
+        assert r.status_code == 403, r.text
+    code_servers = [
+        p
+        for p in psutil.Process(pid).children(recursive=True)
+        if "code-server" in " ".join(p.cmdline())
+    ]
+    assert code_servers and {p.uids().real for p in code_servers} == {account.pw_uid}
     assert _ids(hub.server_pid("bob"))[0] == {str(hub.account("bob").pw_uid)}
 
     # the pool refills with new members (two claims in the demand window: max 2 still)
