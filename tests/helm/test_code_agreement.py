@@ -126,6 +126,7 @@ def test_every_trait_the_chart_sets_exists_and_is_configurable(
     from gpulab.hub.daskservice.hub import GPUDask
     from gpulab.hub.jobservice.hub import GPUJobs
     from gpulab.hub.ledgerservice import GPULedger
+    from gpulab.hub.warmpoolservice import GPUWarmPool
 
     classes = {
         cls.__name__: cls
@@ -141,6 +142,7 @@ def test_every_trait_the_chart_sets_exists_and_is_configurable(
             GPUJobs,
             GPUDask,
             GPULedger,
+            GPUWarmPool,
         )
     }
     objects = default_objects if values_name == "default" else all_options_objects
@@ -150,7 +152,14 @@ def test_every_trait_the_chart_sets_exists_and_is_configurable(
         assert not unknown, f"{class_name} has no option {sorted(unknown)}"
         # values the traits accept (a Dict, List, Bool... of the right type)
         c = Config({class_name: traits})
-        if class_name in ("GPUCapacity", "GPULab", "GPUJobs", "GPUDask", "GPULedger"):
+        if class_name in (
+            "GPUCapacity",
+            "GPULab",
+            "GPUJobs",
+            "GPUDask",
+            "GPULedger",
+            "GPUWarmPool",
+        ):
             classes[class_name](config=c)
 
 
@@ -164,6 +173,20 @@ def test_every_options_profiles_load_as_the_hub_loads_them(
         "h100-1",
         "gpu-4",
     ]
+
+
+def test_every_options_warm_pools_name_profiles_of_its_catalog(
+    all_options_objects: list[dict[str, Any]],
+) -> None:
+    from gpulab.hub.warmpool import parse_pools
+    from gpulab.hub.warmpoolservice import GPUWarmPool
+
+    traits = traits_of(all_options_objects)
+    catalog = [p.slug for p in parse_catalog(traits["GPUCapacity"]["profiles"])]
+    pool = GPUWarmPool(config=Config({"GPUWarmPool": traits["GPUWarmPool"]}))
+    specs = parse_pools(pool.pools, catalog)
+    assert [(s.profile, s.min, s.max) for s in specs] == [("a100-quarter", 1, 2)]
+    assert pool.gpu_quota == 1 and pool.timezone == "Europe/Berlin"
 
 
 def test_the_default_catalog_is_gpulabs(check: ModuleType) -> None:
