@@ -60,20 +60,25 @@ def log_in_as_admin(page: Any, hub: Any) -> None:
     page.wait_for_url("**/hub/spawn**")
 
 
+def press_until_visible(page: Any, key: str, locator: Any, timeout_ms: int, attempts: int) -> None:
+    """Press `key` until `locator` shows, as a person presses a shortcut again when nothing
+    happened: a press that lands while the page still moves focus is dropped by the browser."""
+    for _ in range(attempts):
+        page.keyboard.press(key)
+        try:
+            locator.wait_for(state="visible", timeout=timeout_ms)
+            return
+        except Exception:  # playwright's TimeoutError: press again
+            continue
+    locator.wait_for(state="visible", timeout=timeout_ms)  # fails, naming the selector
+
+
 def run_from_palette(page: Any, command: str, attempts: int = 6) -> None:
     """Open JupyterLab's command palette as a person does (Ctrl+Shift+C), type `command` and
     pick it. The shortcut is pressed again while the palette has not shown: a press that lands
     while the lab is still moving focus (a dialog or form just closed, a document just opened)
     is dropped by the browser, and a person would simply press it again."""
     palette = page.locator(".lm-CommandPalette-input")
-    for _ in range(attempts):
-        page.keyboard.press("Control+Shift+C")
-        try:
-            palette.wait_for(state="visible", timeout=5_000)
-            break
-        except Exception:  # playwright's TimeoutError: press again
-            continue
-    else:
-        palette.wait_for(state="visible", timeout=5_000)  # fails, naming the selector
+    press_until_visible(page, "Control+Shift+C", palette, 5_000, attempts)
     palette.fill(command)
     page.locator(".lm-CommandPalette-item", has_text=command).first.click()

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from traitlets.config import Config
 
-from tests.harness.browser import log_in_as_admin
+from tests.harness.browser import log_in_as_admin, press_until_visible
 from tests.harness.wait import wait_for
 
 WORKBENCH = ".monaco-workbench"
@@ -42,15 +42,7 @@ def _open_terminal(page: Any, attempts: int = 6) -> Any:
     """VS Code's terminal as a person opens it (Ctrl+`), pressed again while none has shown: a
     press that lands while the workbench still moves focus is dropped."""
     terminal = page.locator(TERMINAL).last
-    for _ in range(attempts):
-        page.keyboard.press("Control+Backquote")
-        try:
-            terminal.wait_for(state="visible", timeout=10_000)
-            break
-        except Exception:  # playwright's TimeoutError: press again
-            continue
-    else:
-        terminal.wait_for(state="visible", timeout=10_000)  # fails, naming the selector
+    press_until_visible(page, "Control+Backquote", terminal, 10_000, attempts)
     terminal.click()
     return terminal
 
