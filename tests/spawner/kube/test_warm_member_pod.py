@@ -175,3 +175,30 @@ def test_a_handed_over_share_is_hers_and_the_deleted_member_pod_releases_nothing
     assert held(state) == ["kim/"]  # the member pod's end is not hers
     state._rebuild()  # her pod not created yet: her allocation stays reserved
     assert held(state) == ["kim/"]
+
+
+def test_the_backend_reads_the_spawners_settings_and_an_image_change_makes_members_stale():
+    import logging
+
+    from traitlets.config import Config
+
+    from gpulab.spawner.kube.spawner import GPUKubeSpawner
+
+    def backend(config: dict):
+        return GPUKubeSpawner.warm_pool_backend(config=Config(config), log=logging.getLogger())
+
+    plain = backend({"KubeSpawner": {"namespace": "lab", "image": "lab:1"}})
+    assert (plain.namespace, plain.image, plain.sharing) == ("lab", "lab:1", "mig")
+    assert plain.priority_classes["preemptible"] == ("gpulab-preemptible", 100)
+    # the subclass's section over its parent's, as traitlets resolves a spawner's config
+    ours = backend(
+        {
+            "KubeSpawner": {"namespace": "lab", "image": "lab:1"},
+            "GPUKubeSpawner": {"image": "lab:2", "gpu_sharing": "hami"},
+        }
+    )
+    assert (ours.namespace, ours.image, ours.sharing) == ("lab", "lab:2", "hami")
+    assert plain.fingerprint(PROFILE) != ours.fingerprint(PROFILE)
+    assert plain.fingerprint(PROFILE) == backend(
+        {"KubeSpawner": {"namespace": "lab", "image": "lab:1"}}
+    ).fingerprint(PROFILE)
