@@ -19,7 +19,8 @@ With --warm a third hub joins the alternation: gpulab with a warm pool of the sa
 as between logins). Then the stampede: 20 users start the pool's other profile within 5 s
 against a pool of 10 (the first are served warm, the rest cold; none may fail; the pool
 refills). Last line: warm_ratio=<warm p50 / stock p50> warm_p95_s=.. kube_warm_ratio=..
-stampede_failures=.. vscode_ok=k/20 (see bench.warm for the parts beyond the local claim).
+stampede_failures=.. vscode_ok=k/20 (see bench.warm for the parts beyond the local claim;
+--warm --kube-only: only the dev cluster's warm claims, last line kube_warm_ratio=..).
 """
 
 from __future__ import annotations
@@ -64,11 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warm", action="store_true", help="also warm pool claims, a stampede and VS Code"
     )
+    parser.add_argument(
+        "--kube-only",
+        action="store_true",
+        help="with --warm: only the dev cluster's warm claims (kube_warm_ratio)",
+    )
     args = parser.parse_args(argv)
     if args.warm:
         from bench.warm import main as warm_main
 
-        return warm_main(args.rounds or (3 if args.quick else 15))
+        return warm_main(args.rounds or (3 if args.quick else 15), kube_only=args.kube_only)
     rounds = args.rounds or (3 if args.quick else 15)
     if os.geteuid() != 0:
         print("bench.spawn: both spawners switch to the user's account; run it as root")

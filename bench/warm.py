@@ -15,8 +15,13 @@ back to 10 ready members afterwards. Then VS Code's request sequence (tests.harn
 times against the warm hub: an empty-body start of the named server called like the pool's
 profile (gpulab's named-server convention), a cell that must see the GPU share, a stop.
 
-The dev cluster's figure (kube_warm_ratio) is printed as n/a until the Kubernetes backend keeps
-warm servers (see README, Performance).
+Then the dev cluster (bench.kube_spawn's setup: a private cluster, real control plane, gpulab's
+node agent): stock KubeSpawner asking for one whole GPU against GPUKubeSpawner with a one-member
+warm pool of a one-GPU profile, alternating; before each warm spawn the pool has a Running member
+pod (untimed). A claim there saves what a real cluster waits for before a pod runs (node
+scale-up, image pull, device plugin), none of which the dev cluster has, so kube_warm_ratio near
+1.0 is the expected figure. It is n/a, with the reason, when the cluster's binaries cannot be
+built. `--kube-only` (bench.spawn --warm --kube-only) runs this part alone.
 
 Last line: warm_ratio=<warm p50 / stock p50> warm_p95_s=<warm p95> kube_warm_ratio=<x|n/a>
 stampede_failures=<n> vscode_ok=<k>/20
@@ -27,6 +32,7 @@ from __future__ import annotations
 import secrets
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -151,7 +157,156 @@ def vscode_rounds(hub: Hub, rounds: int = 20) -> tuple[str, list[float], int]:
     return f"{ok}/{rounds}", seconds, warm
 
 
-def main(rounds: int) -> int:
+KUBE_PROFILE = "a100-1"
+STOCK_KUBE_PROFILE = "gpu-1"
+STOCK_NAMESPACE = "bench-stock"
+
+
+def kube_overlays() -> tuple[Config, Config]:
+    """The stock KubeSpawner hub (one whole GPU by a profile_list entry's limits) and the gpulab hub
+    with a one-member pool of a one-GPU profile, over bench.kube_spawn's common settings."""
+    from bench.kube_spawn import COMMON
+
+    stock = merged(
+        COMMON,
+        Config(
+            {
+                "JupyterHub": {"spawner_class": "kubespawner.KubeSpawner"},
+                # named by a start's options (a start without any gets gpulab's default
+                # profile from the hub's empty-start handling, which stock KubeSpawner refuses)
+                "KubeSpawner": {
+                    # a namespace of its own: gpulab's servers' NetworkPolicy (in default)
+                    # would cut its pods off from their hub
+                    "namespace": STOCK_NAMESPACE,
+                    "profile_list": [
+                        {
+                            "display_name": "1 GPU",
+                            "slug": STOCK_KUBE_PROFILE,
+                            "default": True,
+                            "kubespawner_override": {
+                                "extra_resource_limits": {"nvidia.com/gpu": "1"},
+                                "extra_resource_guarantees": {"nvidia.com/gpu": "1"},
+                            },
+                        }
+                    ],
+                },
+            }
+        ),
+    )
+    warm = merged(
+        COMMON,
+        Config(
+            {
+                "JupyterHub": {"spawner_class": "gpulab-kube"},
+                "GPUCapacity": {
+                    "profiles": [{"slug": KUBE_PROFILE, "gpus": 1, "default": True}],
+                },
+                "GPUWarmPool": {
+                    "pools": [{"profile": KUBE_PROFILE, "min": 1, "max": 1}],
+                    "check_interval_seconds": 0.5,
+                },
+            }
+        ),
+    )
+    return stock, warm
+
+
+def kube_warm(rounds: int) -> tuple[dict[str, list[float]], list[str]] | str:
+    """Stock KubeSpawner vs GPUKubeSpawner warm claims on a private dev cluster: the spawn
+    times and whether each warm spawn was served warm; or why it could not run."""
+    from gpulab.devcluster import DevCluster, NodeSpec, ensure_binaries
+    from tests.harness.kube import kube_hub_overlay
+
+    try:
+        ensure_binaries()
+    except Exception as e:  # no Go toolchain, no network for the sources, ...
+        return f"dev cluster binaries unavailable: {e}"
+    stock_overlay, warm_overlay = kube_overlays()
+    node = NodeSpec("bench-a100", gpus=8, cpu=256, memory_gib=2048)
+    times: dict[str, list[float]] = {"stock": [], "warm": []}
+    kinds: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="gpulab-bench-kubewarm-") as tmp:
+        root = Path(tmp)
+        cluster = DevCluster(root / "cluster", log=lambda msg: None)
+        cluster.up(nodes=[node], timeout=240)
+        env = {"KUBECONFIG": str(cluster.kubeconfig)}
+        cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": STOCK_NAMESPACE}})
+        wait_service_account(cluster, STOCK_NAMESPACE)
+        stock = Hub(root / "stock", kube_hub_overlay(cluster, stock_overlay), env)
+        warm = Hub(root / "warm", kube_hub_overlay(cluster, warm_overlay), env)
+        hubs = {"stock": (stock, STOCK_KUBE_PROFILE), "warm": (warm, KUBE_PROFILE)}
+        try:
+            for hub, _ in hubs.values():
+                hub.start()
+                hub.create_user("bench")
+            for name, (hub, profile) in hubs.items():  # untimed: caches, priority classes
+                if name == "warm":
+                    wait_pool(warm, KUBE_PROFILE, 1)
+                timed_spawn(hub, "bench", profile)
+            names = list(hubs)
+            for i in range(rounds):
+                order = names if i % 2 == 0 else names[::-1]
+                for name in order:
+                    hub, profile = hubs[name]
+                    if name == "warm":
+                        wait_pool(warm, KUBE_PROFILE, 1)  # a Running member pod
+                        since = warm.log_path.stat().st_size
+                    times[name].append(timed_spawn(hub, "bench", profile))
+                    if name == "warm":
+                        served = served_warm(log_since(warm, since), "bench/")
+                        kinds.append("warm" if served else "cold")
+        except Exception:
+            for name, (hub, _) in hubs.items():  # the logs go with the temporary directory
+                kept = Path(tempfile.gettempdir()) / f"gpulab-bench-kubewarm-{name}-hub.log"
+                kept.write_text(hub.log())
+                print(f"bench.warm: the {name} hub's log is kept in {kept}", file=sys.stderr)
+            raise
+        finally:
+            for hub, _ in hubs.values():
+                hub.close()
+            # member pods outlive a hub (the next one sweeps them): the cluster goes with them
+            cluster.down()
+            for hub, _ in hubs.values():
+                hub.cleanup()
+    return times, kinds
+
+
+def wait_service_account(cluster: Any, namespace: str, timeout: float = 60) -> None:
+    """Until `namespace`'s default ServiceAccount has its token (its pods can start)."""
+    import urllib.error
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            path = f"/api/v1/namespaces/{namespace}/serviceaccounts/default"
+            if cluster.api("GET", path).get("secrets"):
+                return
+        except urllib.error.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"namespace {namespace}'s default ServiceAccount not ready")
+
+
+def print_kube(result: tuple[dict[str, list[float]], list[str]] | str) -> str:
+    """The dev cluster's table; kube_warm_ratio's value ('n/a' with the reason printed)."""
+    if isinstance(result, str):
+        print(f"dev cluster: kube_warm_ratio=n/a ({result})")
+        return "n/a"
+    times, kinds = result
+    labels = {
+        "stock": "KubeSpawner (stock, 1 GPU)",
+        "warm": f"GPUKubeSpawner warm claim ({KUBE_PROFILE})",
+    }
+    ratio = print_table(labels, times, "stock", "warm")
+    print(f"dev cluster warm claims served warm: {kinds.count('warm')}/{len(kinds)}")
+    return f"{ratio:.3f}"
+
+
+def main(rounds: int, *, kube_only: bool = False) -> int:
+    if kube_only:
+        kube_ratio = print_kube(kube_warm(rounds))
+        print(f"kube_warm_ratio={kube_ratio}")
+        return 0
     stock_user = f"gpulab-bench-{secrets.token_hex(3)}"
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-warm-") as tmp:
         root = Path(tmp)
@@ -201,7 +356,9 @@ def main(rounds: int) -> int:
         "cold": "gpulab cold (per-user account, 1/4 GPU)",
         "warm": "gpulab warm pool claim (1/4 GPU)",
     }
+    kube = kube_warm(rounds)
     print_table(labels, times, "stock", "cold")
+    kube_ratio = print_kube(kube)
     warm_ratio = statistics.median(times["warm"]) / statistics.median(times["stock"])
     warm_p95 = percentile(times["warm"], 0.95)
     print(f"warm claims served warm: {kinds.count('warm')}/{len(kinds)}")
@@ -216,7 +373,7 @@ def main(rounds: int) -> int:
         f"{vscode} ok, {vscode_warm} served warm, p50 {_p50(vscode_seconds)} a round"
     )
     print(
-        f"warm_ratio={warm_ratio:.3f} warm_p95_s={warm_p95:.3f} kube_warm_ratio=n/a "
+        f"warm_ratio={warm_ratio:.3f} warm_p95_s={warm_p95:.3f} kube_warm_ratio={kube_ratio} "
         f"stampede_failures={rush['failures']} vscode_ok={vscode}"
     )
     return 0

@@ -79,6 +79,10 @@ AFFINITY_LABEL = "gpulab.io/affinity-group"
 #: GPU placeholder pods (the Helm chart's, per profile, at the lowest priority): their GPUs are
 #: there for a server to take by preemption, so gpulab's allocator does not count them as held.
 PLACEHOLDER_LABEL = "gpulab.io/placeholder"
+#: Warm pool member pods (`"true"`): placeholders the hub made, each holding a pool member's
+#: reservation (its placement annotation, owner gpulab:warm-pool) until a user's start takes it;
+#: a restarted hub deletes those it does not know (GPUWarmPool.sweep).
+WARM_MEMBER_LABEL = "gpulab.io/warm-member"
 #: KubeSpawner's label of a user's objects (its escaped name); gpulab's jobs carry it too, with
 #: the name as a safe label value (the exact name is in the annotation of the same key).
 USERNAME_LABEL = "hub.jupyter.org/username"

@@ -3,6 +3,20 @@ ready on preemptible GPU reservations, and hands one to the first user who start
 
 from __future__ import annotations
 
-from .hub import GPUWarmPool, KeepsWarmServers, WarmBackend, WarmMemberHandle, WarmStartFailed
+from .hub import (
+    GPUWarmPool,
+    KeepsWarmServers,
+    SweepsMembers,
+    WarmBackend,
+    WarmMemberHandle,
+    WarmStartFailed,
+)
 
-__all__ = ["GPUWarmPool", "KeepsWarmServers", "WarmBackend", "WarmMemberHandle", "WarmStartFailed"]
+__all__ = [
+    "GPUWarmPool",
+    "KeepsWarmServers",
+    "SweepsMembers",
+    "WarmBackend",
+    "WarmMemberHandle",
+    "WarmStartFailed",
+]

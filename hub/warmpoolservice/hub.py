@@ -83,6 +83,15 @@ class WarmBackend(Protocol):
 
 
 @runtime_checkable
+class SweepsMembers(Protocol):
+    """A backend whose members outlive the hub process (Kubernetes pods): optional capability."""
+
+    async def sweep_members(self, keep: set[str]) -> list[str]:
+        """Stop every member not in `keep` (allocation ids) a previous hub left; the allocation
+        ids they held."""
+
+
+@runtime_checkable
 class KeepsWarmServers(Protocol):
     """A spawner class that can keep pre-started servers (optional capability)."""
 
@@ -258,10 +267,21 @@ class GPUWarmPool(SingletonConfigurable):
                 await asyncio.wait_for(self._wake.wait(), self.check_interval_seconds)
 
     async def sweep(self) -> list[str]:
-        """Release reservations of members a previous hub process left (its members ended
-        with it: they exit when the hub's end of their control channel closes)."""
+        """Release reservations of members a previous hub process left (on the embedded default
+        its members ended with it: they exit when the hub's end of their control channel closes;
+        a backend whose members outlive the hub, `SweepsMembers`, stops them first)."""
         capacity = self._capacity
         assert capacity is not None
+        backend = self._backend
+        if isinstance(backend, SweepsMembers):
+            keep = set(self.members) | self._reserving
+            try:
+                swept = await backend.sweep_members(keep)
+            except Exception:
+                self.log.exception("Warm pool: could not sweep members a previous hub left")
+            else:
+                if swept:
+                    self.log.info("Warm pool: stopped %d members a previous hub left", len(swept))
         left = [
             p.request.id
             for p in capacity.allocator.allocations()

@@ -42,7 +42,13 @@ from typing import Any
 
 from gpulab.hub.allocator import GpuShare, Placement
 from gpulab.hub.allocator.store import request_from_dict, request_to_dict
-from gpulab.spawner.names import AFFINITY_LABEL, PLACEMENT_ANNOTATION, RACK_LABEL, ZONE_LABEL
+from gpulab.spawner.names import (
+    AFFINITY_LABEL,
+    PLACEMENT_ANNOTATION,
+    RACK_LABEL,
+    WARM_MEMBER_LABEL,
+    ZONE_LABEL,
+)
 
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 SNAPSHOT_VERSION = "v1"
@@ -409,5 +415,100 @@ def home_pvc_manifest(
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": name, "labels": dict(labels or {}), "annotations": ann},
+        "spec": spec,
+    }
+
+
+# -- warm pool members (gpulab.spawner.kube.warm_pool) ---------------------------------------------
+
+#: the image a warm pool member's main container runs: Kubernetes' pause image (sleeps until
+#: stopped, runs as 65535, needs no shell or Python)
+PAUSE_IMAGE = "registry.k8s.io/pause:3.9"
+#: the uid/gid a member's containers run as (the pause image's own user since 3.8)
+WARM_MEMBER_UID = 65535
+
+
+def warm_member_pod_manifest(
+    name: str,
+    *,
+    namespace: str,
+    placement: Placement,
+    limits: Mapping[str, str],
+    node_affinity_required: Iterable[Mapping[str, Any]],
+    tolerations: Iterable[Mapping[str, Any]],
+    priority_class_name: str,
+    image: str,
+    pause_image: str = PAUSE_IMAGE,
+    image_pull_policy: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The placeholder pod of one warm pool member: it holds `placement` (the member's
+    reservation, in PLACEMENT_ANNOTATION as a server pod holds hers) on the node and devices a
+    server of its profile would get (`limits`, the required node affinity that pins it to the
+    allocator's node, `tolerations` and the priority class, all from `gpu_resources.placed_pod`).
+
+    Its init container is the profile's server `image` running `true`: on a real cluster the
+    kubelet pulls the image onto the node before the member counts as Running, so the user's pod
+    that replaces it starts without a pull. The main container is the pause image holding the
+    devices (the device plugin allocated them, which proves the node and its plugin ready).
+    Nothing of any tenant: no volumes, no service account token, no environment; non-root,
+    no privilege escalation, no capabilities, the runtime's seccomp profile."""
+    hardening = {
+        "runAsUser": WARM_MEMBER_UID,
+        "runAsGroup": WARM_MEMBER_UID,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pull = {"imagePullPolicy": image_pull_policy} if image_pull_policy else {}
+    affinity = list(node_affinity_required)
+    spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 1,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "initContainers": [
+            {
+                "name": "pull",
+                "image": image,
+                "command": ["true"],
+                "securityContext": dict(hardening),
+                **pull,
+            }
+        ],
+        "containers": [
+            {
+                "name": "hold",
+                "image": pause_image,
+                "resources": {"limits": dict(limits), "requests": dict(limits)},
+                "securityContext": dict(hardening),
+            }
+        ],
+        "tolerations": [dict(t) for t in tolerations],
+    }
+    if affinity:
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [dict(t) for t in affinity]
+                }
+            }
+        }
+    if priority_class_name:
+        spec["priorityClassName"] = priority_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**(labels or {}), WARM_MEMBER_LABEL: "true"},
+            "annotations": {PLACEMENT_ANNOTATION: placement_annotation(placement)},
+        },
         "spec": spec,
     }

@@ -31,7 +31,7 @@ from gpulab.hub.capacity import GPUCapacity
 from gpulab.hub.inventory import KNOWN_MODELS
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
-from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
+from gpulab.spawner.gpu_mixin import GPUSpawnerMixin, node_inventory
 from gpulab.spawner.kube.gpu_resources import (
     ISOLATION,
     SHARING_BACKENDS,
@@ -196,17 +196,10 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
     # -- start ---------------------------------------------------------------------------------
 
     def _gpu_memory_mib(self, placement: Placement) -> int:
-        if not placement.gpus:
-            return 0
-        gpu = self.gpu_capacity.gpu_by_uuid(placement.gpus[0].uuid)
-        if gpu.memory_mib:
-            return int(gpu.memory_mib)
-        known = KNOWN_MODELS.get(gpu.model)
-        if known is None:
-            raise web.HTTPError(
-                409, f"GPU model {gpu.model!r} of node {placement.node} has no known memory size"
-            )
-        return known.memory_mib
+        try:
+            return gpu_memory_mib(self.gpu_capacity, placement)
+        except ValueError as e:
+            raise web.HTTPError(409, str(e)) from None
 
     async def _place(self, profile: Profile) -> Placement:
         """Allocate, evicting preemptible servers when an on-demand request does not fit."""
@@ -271,16 +264,14 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
             self.log.warning("could not record event on %s: %s", meta["name"], e)
 
     def _placed_pod(self, profile: Profile, placement: Placement, priority: str) -> PlacedPod:
-        placed = self.gpu_capacity.gpu_by_uuid(placement.gpus[0].uuid) if placement.gpus else None
-        return placed_pod(
+        self._gpu_memory_mib(placement)  # an unknown model: a 409 with its words
+        return placed_pod_on(
+            self.gpu_capacity,
             profile,
             placement,
             sharing=self.gpu_sharing,
             priority=priority,
-            device=placed,
-            gpu_memory_mib=self._gpu_memory_mib(placement),
             priority_classes={p: v[0] for p, v in self.priority_classes.items()},
-            inventory=self.node_inventory(placement.node),
         )
 
     @property
@@ -339,9 +330,99 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
         self.gpulab_profile = profile
         await self.apply_workspace_options()  # a restore from a snapshot, before any allocation
         await self.gpu_state()
-        placement = await self._place(profile)
+        placement = await self._claim_warm(profile)
+        if placement is None:
+            placement = await self._place(profile)
         self._apply_placement(profile, placement)
         self.apply_workspace_to_pod()
+
+    # -- warm pool (gpulab.hub.warmpoolservice; members: gpulab.spawner.kube.warm_pool) --------
+
+    @classmethod
+    def warm_pool_backend(cls, *, config: Any, log: Any) -> Any:
+        """Warm capacity (`KeepsWarmServers`): each member a placeholder pod holding its
+        reservation on the node a server of its profile would run on, made before any spawner
+        exists, so the settings it needs are read from `config` as traitlets resolves them for
+        this class (a subclass's section over its parents')."""
+        from gpulab.spawner.kube.warm_pool import KubeWarmBackend
+
+        def configured(name: str) -> Any:
+            value = getattr(cls, name).default()
+            for klass in reversed(cls.__mro__):
+                section = config.get(klass.__name__)
+                if section is not None and name in section:
+                    value = section[name]
+            return value
+
+        capacity = GPUCapacity.instance(config=config, log=log)
+        sharing = str(configured("gpu_sharing"))
+        classes = {p: (str(v[0]), int(v[1])) for p, v in configured("priority_classes").items()}
+
+        def placed(profile: Profile, placement: Placement) -> PlacedPod:
+            return placed_pod_on(
+                capacity,
+                profile,
+                placement,
+                sharing=sharing,
+                priority="preemptible",
+                priority_classes={p: v[0] for p, v in classes.items()},
+            )
+
+        return KubeWarmBackend(
+            # KubeSpawner's default: the hub pod's own namespace, else "default"
+            namespace=str(configured("namespace") or KubeSpawner._namespace_default(None)),
+            image=str(configured("image")),
+            sharing=sharing,
+            priority_classes=classes,
+            placed_pod=placed,
+            ensure_state=lambda: ensure_kube_state(capacity, sharing=sharing),
+            image_pull_policy=configured("image_pull_policy") or None,
+            log=log,
+        )
+
+    async def _claim_warm(self, profile: Profile) -> Placement | None:
+        """A ready pool member's reservation, handed over to this server's request (her quota
+        and budget checked) with the member pod deleted, so her pod takes its node and devices;
+        None: start cold (a member that could not be handed over is discarded)."""
+        from gpulab.hub.allocator import AllocationError
+        from gpulab.hub.warmpoolservice import GPUWarmPool
+
+        if self.profile_list:
+            return None
+        pool = GPUWarmPool.instance(config=self.config, log=self.log)
+        if not pool.specs:
+            return None
+        member = pool.claim(profile.slug)
+        if member is None:
+            return None
+        await self.release_stale_allocation()
+        try:
+            placement = await self.gpu_capacity.hand_over(member.id, self.gpulab_request(profile))
+        except AllocationError as e:
+            self.log.info("Warm member %s not used for %s: %s", member.id, self.allocation_id, e)
+            await pool.discard(member)
+            return None
+        # the share is hers from here on: a failure below leaves it hers (the start goes on, or
+        # fails and releases it as any start does), never handed out twice
+        self.gpulab_placement = placement
+        self.show_gpu_summary(profile.slug, placement)
+        try:
+            await member.discard()
+        except Exception as e:  # her pod waits for the devices until the member pod is gone
+            self.log.warning(
+                "Warm member %s's pod could not be deleted for %s: %s",
+                member.id,
+                self.allocation_id,
+                e,
+            )
+        self.log.info(
+            "GPU allocation %s (profile %s) served warm by %s on %s",
+            self.allocation_id,
+            profile.slug,
+            member.id,
+            placement.node,
+        )
+        return placement
 
     def get_env(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_env()
@@ -588,6 +669,46 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self.load_workspace_state(state)
+
+
+def gpu_memory_mib(capacity: GPUCapacity, placement: Placement) -> int:
+    """The memory of the GPU model `placement`'s first share lies on (0 without GPUs);
+    ValueError for a model of unknown size."""
+    if not placement.gpus:
+        return 0
+    gpu = capacity.gpu_by_uuid(placement.gpus[0].uuid)
+    if gpu.memory_mib:
+        return int(gpu.memory_mib)
+    known = KNOWN_MODELS.get(gpu.model)
+    if known is None:
+        raise ValueError(
+            f"GPU model {gpu.model!r} of node {placement.node} has no known memory size"
+        )
+    return known.memory_mib
+
+
+def placed_pod_on(
+    capacity: GPUCapacity,
+    profile: Profile,
+    placement: Placement,
+    *,
+    sharing: str,
+    priority: str,
+    priority_classes: dict[str, str],
+) -> PlacedPod:
+    """`gpu_resources.placed_pod` for `placement` on the hub's inventory: a server's pod, a
+    job's and a warm pool member's get the same devices, node pin and scheduling."""
+    device = capacity.gpu_by_uuid(placement.gpus[0].uuid) if placement.gpus else None
+    return placed_pod(
+        profile,
+        placement,
+        sharing=sharing,
+        priority=priority,
+        device=device,
+        gpu_memory_mib=gpu_memory_mib(capacity, placement),
+        priority_classes=priority_classes,
+        inventory=node_inventory(capacity.inventory, placement.node),
+    )
 
 
 # the hub's GPUCapacity keeps a Kubernetes inventory current through this module's cluster view; it

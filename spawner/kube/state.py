@@ -24,6 +24,7 @@ from gpulab.hub.allocator import (
     Placement,
     Request,
 )
+from gpulab.hub.warmpool import is_pool_allocation
 from gpulab.spawner.kube.gpu_resources import MIG
 from gpulab.spawner.kube.nodes import inventory_from_nodes, node_is_ready, node_is_tainted
 from gpulab.spawner.kube.objects import placement_from_pod
@@ -158,6 +159,8 @@ class KubeGPUState:
             if not _pod_is_live(pod):
                 continue
             placement = placement_from_pod(pod)
+            if placement is not None and self._given_away(placement):
+                continue  # a warm member's pod on its way out: its GPUs are someone else's now
             if placement is not None:
                 placements[placement.request.id] = placement
             elif _holds_gpus(pod) and (pod.get("spec") or {}).get("nodeName"):
@@ -189,6 +192,21 @@ class KubeGPUState:
             )
         self.allocator = allocator
         self.on_rebuild(allocator, inventory)
+
+    def _given_away(self, placement: Placement) -> bool:
+        """Whether `placement` is a warm pool member's reservation this hub has since handed
+        over to a user's start or given to an on-demand one (the live allocator no longer holds
+        it, and a later allocation holds its GPUs): its pod is being deleted and must not count
+        twice. A restarted hub's first view holds nothing yet, so every member pod counts."""
+        if not is_pool_allocation(placement.request.id) or not placement.gpus:
+            return False
+        if self.allocator.get(placement.request.id) is not None:
+            return False
+        uuids = {s.uuid for s in placement.gpus}
+        return any(
+            held.created_at > placement.created_at and uuids & {s.uuid for s in held.gpus}
+            for held in self.allocator.allocations()
+        )
 
     # -- pods ----------------------------------------------------------------------------------
 

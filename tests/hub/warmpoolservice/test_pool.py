@@ -168,3 +168,29 @@ async def test_close_stops_every_member_and_releases_its_gpu(tmp_path):
     await pool.close()
     assert all(m.discarded for m in backend.started)
     assert capacity.allocator.allocations() == []
+
+
+class SweepingBackend(StandInBackend):
+    """Members that outlive the hub process (as Kubernetes pods): `left` are a previous hub's."""
+
+    def __init__(self, left):
+        super().__init__()
+        self.left = set(left)
+        self.kept: set[str] | None = None
+
+    async def sweep_members(self, keep):
+        self.kept = set(keep)
+        swept = sorted(self.left - keep)
+        self.left -= set(swept)
+        return swept
+
+
+async def test_a_backend_whose_members_outlive_the_hub_stops_them_before_the_release(tmp_path):
+    pool, capacity, _ = _pool(tmp_path, [{"profile": "gpu-quarter", "min": 0, "max": 0}])
+    orphan = f"{WARM_POOL_OWNER}/gpu-quarter-99"
+    backend = SweepingBackend([orphan])
+    pool._backend = backend
+    capacity.allocator.place(Request(orphan, owner=WARM_POOL_OWNER, gpu_milli=250))
+    assert await pool.sweep() == [orphan]
+    assert backend.left == set() and backend.kept == set()  # the pool knew no member
+    assert capacity.allocator.allocations() == []
