@@ -317,6 +317,31 @@ class GPUSpawnerMixin(Configurable):
             )
             await capacity.release(self.allocation_id)
 
+    async def claim_warm_member(self, profile: Profile) -> Any:
+        """A ready warm pool member of `profile` whose reservation is now this server's
+        allocation (her quota and budget checked, `gpulab_placement` set), or None: start cold
+        (a refusal then gets its usual words from `gpulab_allocate`; a member that could not be
+        handed over is discarded). Both backends claim through it; what a member then becomes
+        is the backend's."""
+        pool = GPUWarmPool.instance(config=self.config, log=self.log)
+        if not pool.specs:
+            return None
+        member = pool.claim(profile.slug)
+        if member is None:
+            return None
+        await self.release_stale_allocation()
+        try:
+            placement = await self.gpu_capacity.hand_over(member.id, self.gpulab_request(profile))
+        except AllocationError as e:
+            self.log.info("Warm member %s not used for %s: %s", member.id, self.allocation_id, e)
+            await pool.discard(member)
+            return None
+        # the share is hers from here on: a failure after this leaves it hers (the start goes
+        # on, or fails and releases it as any start does), never handed out twice
+        self.gpulab_placement = placement
+        self.show_gpu_summary(profile.slug, placement)
+        return member
+
     async def gpulab_allocate(self, profile: Profile) -> Placement:
         """Place this server's request; waits up to queue_timeout_seconds when nothing fits."""
         capacity = self.gpu_capacity

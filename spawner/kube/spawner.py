@@ -384,28 +384,13 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
         """A ready pool member's reservation, handed over to this server's request (her quota
         and budget checked) with the member pod deleted, so her pod takes its node and devices;
         None: start cold (a member that could not be handed over is discarded)."""
-        from gpulab.hub.allocator import AllocationError
-        from gpulab.hub.warmpoolservice import GPUWarmPool
-
         if self.profile_list:
             return None
-        pool = GPUWarmPool.instance(config=self.config, log=self.log)
-        if not pool.specs:
-            return None
-        member = pool.claim(profile.slug)
+        member = await self.claim_warm_member(profile)
         if member is None:
             return None
-        await self.release_stale_allocation()
-        try:
-            placement = await self.gpu_capacity.hand_over(member.id, self.gpulab_request(profile))
-        except AllocationError as e:
-            self.log.info("Warm member %s not used for %s: %s", member.id, self.allocation_id, e)
-            await pool.discard(member)
-            return None
-        # the share is hers from here on: a failure below leaves it hers (the start goes on, or
-        # fails and releases it as any start does), never handed out twice
-        self.gpulab_placement = placement
-        self.show_gpu_summary(profile.slug, placement)
+        placement = self.gpulab_placement
+        assert placement is not None
         try:
             await member.discard()
         except Exception as e:  # her pod waits for the devices until the member pod is gone

@@ -297,25 +297,9 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         """A ready pool member of `profile` whose reservation is now this server's allocation
         (her quota and budget checked), or None: start cold (a refusal then gets its usual
         words from `gpulab_allocate`; a member that could not be handed over is discarded)."""
-        from gpulab.hub.allocator import AllocationError
-        from gpulab.hub.warmpoolservice import GPUWarmPool
-
-        pool = GPUWarmPool.instance(config=self.config, log=self.log)
-        if not pool.specs or not self._warm_claim_possible():
+        if not self._warm_claim_possible():
             return None
-        member = pool.claim(profile.slug)
-        if member is None:
-            return None
-        await self.release_stale_allocation()
-        try:
-            placement = await self.gpu_capacity.hand_over(member.id, self.gpulab_request(profile))
-        except AllocationError as e:
-            self.log.info("Warm member %s not used for %s: %s", member.id, self.allocation_id, e)
-            await pool.discard(member)
-            return None
-        self.gpulab_placement = placement
-        self.show_gpu_summary(profile.slug, placement)
-        return member
+        return await self.claim_warm_member(profile)
 
     async def _bind_warm(self, member: Any, profile: Any) -> Any:
         """Make the claimed `member` this user's server (her account, home, environment); its
