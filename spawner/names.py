@@ -153,6 +153,9 @@ CAPS_HOOK_ENV = "GPULAB_CAPS_HOOK"
 ISOLATION_ENV = "GPULAB_ISOLATION"
 #: The slug of the server's profile.
 PROFILE_ENV = "GPULAB_PROFILE"
+#: The code-server executable VS Code in the browser runs (jupyterlab_gpulab.vscode); unset: the
+#: one beside the server's Python, else code-server on PATH.
+CODE_SERVER_ENV = "GPULAB_CODE_SERVER"
 
 # --- Environment of a user's server: kernel checkpoints ---------------------------------------------
 # Written by the spawner (spawner/singleuser/checkpoint/environment.py, run in the hub); read by

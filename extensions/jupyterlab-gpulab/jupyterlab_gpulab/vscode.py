@@ -40,10 +40,12 @@ from typing import Any
 
 from jupyter_server.utils import url_path_join
 
+from gpulab.spawner import names
+
 log = logging.getLogger(__name__)
 
 #: the environment variable naming the code-server executable
-CODE_SERVER_ENV = "GPULAB_CODE_SERVER"
+CODE_SERVER_ENV = names.CODE_SERVER_ENV
 #: the route's name below the server's base URL (jupyter-server-proxy's entry point name)
 NAME = "vscode"
 #: code-server answers within seconds; a loaded machine may take longer
