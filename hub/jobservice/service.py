@@ -293,14 +293,16 @@ class JobService:
             event = Preempt(event.at, reason=preempted)
         elif isinstance(event, Cancel) and reason:
             event = Cancel(event.at, reason=reason)
-        ended = await self._transition(run, event)
-        # the executor's wait returns only when nothing of the attempt runs: free the share now
-        await self.capacity.release(allocation_id(run))
+        # outputs first: whoever sees the run ended sees what it wrote (the lab's job list
+        # read a succeeded run with no files in between)
         with contextlib.suppress(Exception):  # outputs are a convenience; the run's end is not
             files = await self.executor.outputs(handle)
             await asyncio.to_thread(
                 self.store.add_outputs, run.id, [Output(p, size) for p, size in files]
             )
+        ended = await self._transition(run, event)
+        # the executor's wait returns only when nothing of the attempt runs: free the share now
+        await self.capacity.release(allocation_id(run))
         if ended is not None:
             log.info("job run %d: %s", run.id, ended.state.value)
             await self._retry_if_allowed(ended)
