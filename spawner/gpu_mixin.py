@@ -317,6 +317,20 @@ class GPUSpawnerMixin(Configurable):
             )
             await capacity.release(self.allocation_id)
 
+    _NO_FALLBACK: Any = object()
+
+    @classmethod
+    def class_setting(cls, config: Any, name: str, fallback: Any = _NO_FALLBACK) -> Any:
+        """Setting `name` as traitlets resolves it for this class (a subclass's config section
+        over its parents'), without an instance: warm pool backends are made before any
+        spawner exists. Unset: `fallback`, else the trait's default."""
+        value = getattr(cls, name).default() if fallback is cls._NO_FALLBACK else fallback
+        for klass in reversed(cls.__mro__):
+            section = config.get(klass.__name__)
+            if section is not None and name in section:
+                value = section[name]
+        return value
+
     async def claim_warm_member(self, profile: Profile) -> Any:
         """A ready warm pool member of `profile` whose reservation is now this server's
         allocation (her quota and budget checked, `gpulab_placement` set), or None: start cold

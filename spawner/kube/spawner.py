@@ -347,12 +347,7 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
         from gpulab.spawner.kube.warm_pool import KubeWarmBackend
 
         def configured(name: str) -> Any:
-            value = getattr(cls, name).default()
-            for klass in reversed(cls.__mro__):
-                section = config.get(klass.__name__)
-                if section is not None and name in section:
-                    value = section[name]
-            return value
+            return cls.class_setting(config, name)
 
         capacity = GPUCapacity.instance(config=config, log=log)
         sharing = str(configured("gpu_sharing"))

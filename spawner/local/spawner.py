@@ -263,12 +263,7 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         from gpulab.spawner.local.warm_pool import DEFAULT_ENV_KEEP, LocalWarmBackend
 
         def configured(name: str, fallback: Any) -> Any:
-            value = fallback
-            for klass in reversed(cls.__mro__):
-                section = config.get(klass.__name__)
-                if section is not None and name in section:
-                    value = section[name]
-            return value
+            return cls.class_setting(config, name, fallback)
 
         capacity = GPUCapacity.instance(config=config, log=log)
         return LocalWarmBackend(
