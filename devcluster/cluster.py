@@ -77,9 +77,7 @@ class DevCluster(ClusterState):
             self.down()
         bins = build.ensure_binaries()
         build.ensure_system_packages(build.missing_system_packages(build.RUNTIME_PACKAGES))
-        etcd = shutil.which("etcd")
-        if not etcd:
-            raise DevClusterError("etcd is not installed: apt-get install -y etcd-server")
+        etcd = str(bins["etcd"])
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # root's alone: the kubeconfig and cluster.json hold a cluster-admin token, and pods run
         # as other uids (runAsUser) on this machine's file system
@@ -102,8 +100,10 @@ class DevCluster(ClusterState):
         try:
             self._make_network(state, len(nodes))
             self._start_control_plane(state, bins, etcd, deadline)
-            self._start_kube_proxy(state, bins, nodes, deadline)
+            # the nodes first: kube-proxy (1.29+) exits when its Node's addresses change, and a
+            # Node registered after it starts is such a change
             self._start_agent(state, nodes, deadline)
+            self._start_kube_proxy(state, bins, nodes, deadline)
         except DevClusterError as e:
             self.log("start failed; stopping what was started")
             self.down(purge=False)
@@ -217,7 +217,6 @@ class DevCluster(ClusterState):
             f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}",
             "--bind-address=127.0.0.1",
-            "--port=0",  # no insecure port (1.20 defaults to 0.0.0.0:10251/10252)
             "--leader-elect=false",
         ]
         self._start(
@@ -234,11 +233,10 @@ class DevCluster(ClusterState):
                 f"--secure-port={ports['controller_manager']}",
                 f"--service-account-private-key-file={sec / 'sa.key'}",
                 f"--root-ca-file={certs / 'apiserver.crt'}",
-                "--controllers=*,-nodeipam,-cloud-node-lifecycle",
+                "--controllers=*,-node-ipam-controller",
                 f"--node-monitor-period={t.node_monitor_period_seconds}s",
                 f"--node-monitor-grace-period={t.node_monitor_grace_seconds}s",
                 f"--node-startup-grace-period={max(30, t.node_monitor_grace_seconds)}s",
-                f"--pod-eviction-timeout={t.toleration_seconds}s",
             ],
         )
         self._wait(
@@ -304,10 +302,11 @@ class DevCluster(ClusterState):
     def _start_kube_proxy(
         self, state: dict[str, Any], bins: dict[str, Path], nodes: list[NodeSpec], deadline: float
     ) -> None:
-        """Debian's kube-proxy (iptables mode) in the nodes' network namespace: one for all the
+        """kube-proxy (iptables mode) in the nodes' network namespace: one for all the
         simulated nodes, since they share that namespace (a real cluster runs one per node, in
         each node's). Its health port is on the uplink's inner address, where `up` waits for
-        its first sync of the rules."""
+        its first sync of the rules (`/livez`: `/healthz` also wants its Node, which the agent
+        registers after it)."""
         octet = state["network_octet"]
         kubeconfig = self.state_dir / "kube-proxy.kubeconfig"
         self._write_kubeconfig(state, kubeconfig, token_key="kube_proxy_token")
@@ -337,7 +336,7 @@ class DevCluster(ClusterState):
             ["ip", "netns", "exec", podnet.nodes_netns(octet), str(bins["kube-proxy"]),
              f"--config={config_file}"],
         )  # fmt: skip
-        self._wait("kube-proxy", deadline, lambda: self._http_ok(f"http://{health}/healthz"))
+        self._wait("kube-proxy", deadline, lambda: self._http_ok(f"http://{health}/livez"))
 
     def _start_agent(self, state: dict[str, Any], nodes: list[NodeSpec], deadline: float) -> None:
         agent_dir = self.state_dir / "agent"
@@ -345,8 +344,15 @@ class DevCluster(ClusterState):
         nodes_file = self.state_dir / "nodes.json"
         nodes_file.write_text(json.dumps([n.to_dict() for n in nodes], indent=2))
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        # pods find this environment's commands (jupyterhub-singleuser...) on their PATH
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+        # pods find this environment's commands (jupyterhub-singleuser...) on their PATH, after
+        # any folders the cluster was given for them
+        env["PATH"] = os.pathsep.join(
+            [
+                *map(str, self.pod_bin_dirs),
+                str(Path(sys.executable).parent),
+                env.get("PATH", "/usr/bin:/bin"),
+            ]
+        )
         self._start(
             state,
             "agent",

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # the names the kube spawner and the allocator read on Nodes: one spelling for both sides
+from gpulab.devcluster.build import KUBE_VERSION
 from gpulab.spawner.names import (
     GPU_COUNT_LABEL,
     GPU_MEMORY_LABEL,
@@ -45,7 +46,13 @@ from gpulab.spawner.names import (
     ZONE_LABEL,
 )
 
-KUBELET_VERSION = "v1.20.2"
+#: what the nodes' kubelets report: the control plane's own release, as a cluster's nodes run
+KUBELET_VERSION = f"v{KUBE_VERSION}"
+#: the features a node declares (`status.declaredFeatures`, NodeDeclaredFeatures GA in 1.37),
+#: only those the agent implements. ExtendWebSocketsToKubelet: the API server passes exec and
+#: attach on to the kubelet API as the client asked (websocket, v5.channel.k8s.io from kubectl
+#: 1.30+) instead of translating them to SPDY, which the agent's kubelet API does not speak.
+DECLARED_FEATURES = ("ExtendWebSocketsToKubelet",)
 
 TIME_SLICING, HAMI = "time-slicing", "hami"
 #: replicas per time-sliced GPU, virtual GPUs per HAMi GPU (HAMi's deviceSplitCount default)

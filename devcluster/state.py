@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ class Timing:
       the grace period turns Ready=Unknown (NotReady) and gets the unreachable taints.
     toleration_seconds: kube-apiserver's --default-not-ready-toleration-seconds and
       --default-unreachable-toleration-seconds: how long pods stay on a NotReady node before the
-      taint manager evicts (deletes) them. (--pod-eviction-timeout is ignored in 1.20.)
+      taint manager evicts (deletes) them.
     """
 
     heartbeat_seconds: float = 10.0
@@ -107,10 +107,14 @@ class ClusterState:
         *,
         timing: Timing | None = None,
         log: Callable[[str], None] = _stderr,
+        pod_bin_dirs: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
+        """`pod_bin_dirs`: folders put first on the PATH pods find their commands on (before
+        this environment's, e.g. a leaner `jupyterhub-singleuser` than gpulab's)."""
         self.state_dir = Path(state_dir or default_state_dir()).expanduser().resolve()
         self.timing = timing or Timing()
         self.log = log
+        self.pod_bin_dirs = [Path(d) for d in pod_bin_dirs]
 
     # -- state ------------------------------------------------------------------------------
 
@@ -248,7 +252,9 @@ class ClusterState:
             sa = self.api("GET", "/api/v1/namespaces/default/serviceaccounts/default", timeout=3)
         except (OSError, urllib.error.URLError):
             return False
-        return bool(sa.get("secrets"))  # the token controller added its token secret
+        # made by the service-account controller (1.24+ makes no token Secret for it: pods get
+        # projected tokens from the TokenRequest API)
+        return bool(sa.get("metadata", {}).get("name"))
 
     def _nodes_ready(self, names: set[str]) -> bool:
         try:

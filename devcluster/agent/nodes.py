@@ -85,6 +85,7 @@ class NodeHeartbeat:
             ],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
             "nodeInfo": nodespec.node_info(self.spec),
+            "declaredFeatures": list(nodespec.DECLARED_FEATURES),
         }
 
     async def register(self) -> None:

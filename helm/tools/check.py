@@ -39,6 +39,8 @@ LINT_VALUES = CHART / "ci" / "lint-values.yaml"
 OLD_SCHEMAS = Path(sys.prefix) / "share" / "gpulab" / "kubernetes-json-schema"
 #: a current Kubernetes release validated besides the dev cluster's and kubernetes-validate's newest
 CURRENT_VERSION = "1.31"
+#: the oldest release Chart.yaml's kubeVersion admits: validated too, so the claim stays true
+OLDEST_VERSION = "1.20"
 RELEASE = "gpulab"
 NAMESPACE = "gpulab"
 #: Helm lint severities (helm_python.lint's messages)
@@ -57,11 +59,13 @@ def dev_cluster_version() -> str:
 
 
 def validated_versions() -> list[str]:
-    """The dev cluster's version, a current one and kubernetes-validate's newest."""
+    """The dev cluster's version, the oldest the chart admits, a current one and
+    kubernetes-validate's newest."""
     import kubernetes_validate
 
     newest = ".".join(kubernetes_validate.latest_version().split(".")[:2])
-    return sorted({dev_cluster_version(), CURRENT_VERSION, newest}, key=_version_key)
+    versions = {dev_cluster_version(), OLDEST_VERSION, CURRENT_VERSION, newest}
+    return sorted(versions, key=_version_key)
 
 
 def _version_key(version: str) -> tuple[int, ...]:

@@ -1,7 +1,9 @@
-"""An unmodified KubeSpawner in a real JupyterHub spawns a single-user server on the agent."""
+"""An unmodified KubeSpawner in a real JupyterHub spawns a single-user server on the agent, in its
+namespace or in one a profile names."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -11,11 +13,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness.kube import Kube
+from tests.harness.kube import CONNECT_SCRIPT, Kube, pod_manifest
 from tests.harness.ports import free_port
 from tests.harness.wait import wait_for
 
@@ -53,9 +57,34 @@ c.KubeSpawner.start_timeout = 120
 c.KubeSpawner.http_timeout = 90
 """
 
+#: KubeSpawner's own suite's scenario (test_spawn_start_profile_callback_override_namespace): a
+#: profile_list callable whose second profile moves the server to another namespace, with one
+#: reflector for all namespaces (enable_user_namespaces)
+PROFILE_NAMESPACE_CONFIG = """
+c.KubeSpawner.enable_user_namespaces = True
+c.KubeSpawner.user_namespace_template = "default"
+c.KubeSpawner.volumes = []
+c.KubeSpawner.volume_mounts = []
+c.KubeSpawner.storage_pvc_ensure = False
+c.KubeSpawner.extra_resource_limits = {{}}
+c.KubeSpawner.node_selector = {{}}
 
-@pytest.fixture
-def hub(tmp_path: Path, dev_cluster):
+def _profiles(spawner):
+    return [
+        {{"display_name": "Default namespace", "slug": "default-namespace", "default": True,
+          "kubespawner_override": {{"cpu_limit": 1}}}},
+        {{"display_name": "Different namespace", "slug": "different-namespace",
+          "kubespawner_override": {{"namespace": {namespace!r}, "cpu_limit": 1}}}},
+    ]
+
+c.KubeSpawner.profile_list = _profiles
+"""
+
+
+@contextlib.contextmanager
+def _running_hub(tmp_path: Path, dev_cluster, extra: str = "") -> Iterator[Callable[..., dict]]:
+    """A JupyterHub with an unmodified KubeSpawner (CONFIG, then `extra`); yields a REST caller
+    with an admin service token."""
     state = tmp_path / "hub"
     state.mkdir()
     token = secrets.token_hex(16)
@@ -71,6 +100,7 @@ def hub(tmp_path: Path, dev_cluster):
             state=state,
             token=token,
         )
+        + extra
     )
     env = dict(os.environ, KUBECONFIG=str(dev_cluster.kubeconfig))
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -84,13 +114,16 @@ def hub(tmp_path: Path, dev_cluster):
     )
     url = f"http://127.0.0.1:{port}/hub/api"
 
-    def call(method: str, path: str) -> dict:
+    def call(method: str, path: str, body: dict | None = None) -> dict:
         req = urllib.request.Request(
-            url + path, method=method, headers={"Authorization": f"token {token}"}
+            url + path,
+            method=method,
+            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+            data=None if body is None else json.dumps(body).encode(),
         )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            body = r.read()
-        return json.loads(body) if body else {}
+        with urllib.request.urlopen(req, timeout=30) as r:
+            answer = r.read()
+        return json.loads(answer) if answer else {}
 
     def up() -> bool:
         try:
@@ -110,6 +143,12 @@ def hub(tmp_path: Path, dev_cluster):
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture
+def hub(tmp_path: Path, dev_cluster):
+    with _running_hub(tmp_path, dev_cluster) as call:
+        yield call
 
 
 def test_unmodified_kubespawner_spawns_a_gpu_server_with_a_home_volume_and_stops_it(
@@ -136,3 +175,53 @@ def test_unmodified_kubespawner_spawns_a_gpu_server_with_a_home_volume_and_stops
     assert pvc["status"]["phase"] == "Bound"
     hub("DELETE", "/users/kubeuser/server")
     kube.wait_gone("jupyter-kubeuser", timeout=90)
+
+
+def test_a_profile_callback_moves_the_server_to_a_namespace_made_after_the_cluster_started(
+    tmp_path: Path, dev_cluster
+) -> None:
+    # made now, long after the node agent started, as the suite's kubespawner-another is; with
+    # the suite runner's policy in it (only the cluster's pod network, this machine included, in)
+    from bench.kubespawner_suite import machine_only_policy
+
+    namespace = f"ks-another-{uuid.uuid4().hex[:6]}"
+    dev_cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    try:
+        dev_cluster.api(
+            "POST",
+            f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
+            machine_only_policy(dev_cluster.pod_network),
+        )
+        extra = PROFILE_NAMESPACE_CONFIG.format(namespace=namespace)
+        with _running_hub(tmp_path, dev_cluster, extra) as hub:
+            hub("POST", "/users/start")
+            hub("POST", "/users/start/server", {"profile": "different-namespace"})
+
+            def server() -> dict:
+                return hub("GET", "/users/start").get("servers", {}).get("", {})
+
+            # ready: the hub's own HTTP check reached the server in the other namespace
+            wait_for(
+                "the server in the profile's namespace to be ready",
+                lambda: server().get("ready"),
+                150,
+                interval=0.5,
+            )
+            kube = Kube(dev_cluster, namespace)
+            pod = kube.pod("jupyter-start")
+            assert pod is not None and pod["status"]["phase"] == "Running"
+            # and a pod of the hub's namespace reaches it, as the suite's exec pod does
+            target = f"{pod['status']['podIP']}:8888"
+            client = Kube(dev_cluster)
+            name = client.name("client")
+            client.create_pod(pod_manifest(name, [sys.executable, "-c", CONNECT_SCRIPT, target]))
+            try:
+                assert client.wait_phase(name, "Succeeded")
+                seen = json.loads(dev_cluster.logs(name).strip().splitlines()[-1])
+                assert seen == {target: "open"}
+            finally:
+                client.close()
+            hub("DELETE", "/users/start/server")
+            kube.wait_gone("jupyter-start", timeout=90)
+    finally:
+        dev_cluster.api("DELETE", f"/api/v1/namespaces/{namespace}")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from gpulab.devcluster import DevCluster, NodeSpec
 from gpulab.devcluster.agent import podnet
+from gpulab.devcluster.build import KUBE_VERSION
 from tests.harness.kube import CONNECT_SCRIPT, Kube, pod_manifest
 from tests.harness.wait import wait_for
 
@@ -200,7 +201,7 @@ def test_pods_get_the_services_variables_and_reach_the_api_server_through_kubern
     out = json.loads(logs.strip().splitlines()[-1])
     assert out["host"] == kubernetes
     status, version = out["/version"]
-    assert status == 200 and version["gitVersion"].startswith("v1.20")
+    assert status == 200 and version["gitVersion"] == f"v{KUBE_VERSION}"
     # the pod's own identity, no more: its ServiceAccount may not read Secrets
     status, refusal = out[f"/api/v1/namespaces/{kube.ns}/secrets"]
     assert status == 403

@@ -186,7 +186,7 @@ class Kube:
 
 @contextlib.contextmanager
 def fresh_namespace(cluster: DevCluster) -> Iterator[Kube]:
-    """A Kube in a new namespace whose default ServiceAccount token exists (pods can start);
+    """A Kube in a new namespace whose default ServiceAccount exists (pods can start);
     what it made and the namespace are deleted on exit."""
     name = f"test-{uuid.uuid4().hex[:8]}"
     cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
@@ -196,7 +196,9 @@ def fresh_namespace(cluster: DevCluster) -> Iterator[Kube]:
             sa = cluster.api("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")
         except urllib.error.HTTPError:
             return False
-        return bool(sa.get("secrets"))
+        # made by the service-account controller; its pods' tokens are projected ones from the
+        # TokenRequest API (1.24+ makes no token Secret)
+        return bool(sa.get("metadata", {}).get("name"))
 
     wait_for(f"namespace {name}'s default ServiceAccount", service_account_ready, 60)
     k = Kube(cluster, name)
