@@ -18,6 +18,18 @@ Store calls are blocking: from async code, ``await asyncio.to_thread(store.creat
 See README.md beside this file.
 """
 
+from .allocations import (
+    DaskAllocation,
+    NearNotebook,
+    near_notebook,
+    parse_allocation_id,
+    scheduler_allocation_id,
+    scheduler_request,
+    uses_dask_cuda,
+    worker_allocation_id,
+    worker_name,
+    worker_request,
+)
 from .lifecycle import (
     SCHEDULER_STOP_GRACE_SECONDS,
     SHUTDOWN_LIMIT_SECONDS,
@@ -36,29 +48,21 @@ from .lifecycle import (
 from .model import (
     ACTIVE_WORKER_STATES,
     CLUSTER_TRANSITIONS,
-    DASK_RESERVED_ENV_PREFIXES,
     FINAL_CLUSTER_STATES,
     FINAL_WORKER_STATES,
     HOLDING_WORKER_STATES,
     LIVE_CLUSTER_STATES,
-    MAX_IDLE_TIMEOUT_SECONDS,
-    MAX_WORKERS,
-    MIN_IDLE_TIMEOUT_SECONDS,
     SCHEDULER_HOLDING_STATES,
     WORKER_TRANSITIONS,
     Adapt,
     AdmitWorker,
     Cluster,
     ClusterEvent,
-    ClusterSpec,
-    ClusterSpecError,
     ClusterState,
-    DaskAllocation,
     Exited,
     IllegalTransition,
     Joined,
     Launch,
-    NearNotebook,
     Preempted,
     Ready,
     Retire,
@@ -71,17 +75,8 @@ from .model import (
     WorkerEvent,
     WorkerFailed,
     WorkerState,
-    is_reserved_worker_env_name,
-    near_notebook,
-    parse_allocation_id,
-    scheduler_allocation_id,
-    scheduler_request,
     transition_cluster,
     transition_worker,
-    uses_dask_cuda,
-    worker_allocation_id,
-    worker_name,
-    worker_request,
 )
 from .scaling import (
     ScalePlan,
@@ -92,6 +87,15 @@ from .scaling import (
     plan_scale,
     quota_refusal,
     retire_order,
+)
+from .spec import (
+    DASK_RESERVED_ENV_PREFIXES,
+    MAX_IDLE_TIMEOUT_SECONDS,
+    MAX_WORKERS,
+    MIN_IDLE_TIMEOUT_SECONDS,
+    ClusterSpec,
+    ClusterSpecError,
+    is_reserved_worker_env_name,
 )
 from .store import (
     SCHEMA_VERSION,

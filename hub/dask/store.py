@@ -1,6 +1,6 @@
 """The durable store of Dask clusters, their workers and the executors' handles (SQLAlchemy Core).
 
-The same engines as the jobs store (``gpulab.hub.jobs.store.make_engine``): SQLite on the
+The same engines as the jobs store (``gpulab.hub.jobs.database.make_engine``): SQLite on the
 embedded default, PostgreSQL where several hub workers or a restarted hub share one database.
 Why a store at all, when the allocator persists allocations: a cluster outlives its server
 (keep-alive) and the hub (its processes and pods are no children of the hub), so after a restart
@@ -25,24 +25,23 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from ..jobs.database import create_schema, dumps, make_engine, upsert, writing
 from ..jobs.model import PlacementSummary
-from ..jobs.store import create_schema, dumps, make_engine, upsert, writing
+from .allocations import scheduler_allocation_id, worker_allocation_id
 from .model import (
     FINAL_CLUSTER_STATES,
     HOLDING_WORKER_STATES,
     SCHEDULER_HOLDING_STATES,
     Cluster,
     ClusterEvent,
-    ClusterSpec,
     ClusterState,
     Worker,
     WorkerEvent,
     WorkerState,
-    scheduler_allocation_id,
     transition_cluster,
     transition_worker,
-    worker_allocation_id,
 )
+from .spec import ClusterSpec
 
 #: The schema this code writes. A database of a newer one is refused rather than misread.
 SCHEMA_VERSION = 1

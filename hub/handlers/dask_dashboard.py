@@ -8,9 +8,11 @@ the lab's dashboard panes) or a token, and needs `custom:gpulab:dask` or Jupyter
 on the owner (`needs_scope` with the URL's user: another user gets 404, as for her clusters).
 
 HTTP requests are forwarded as they are (method, body, the headers that describe content), and
-their answers come back with the upstream's prefix rewritten to the hub's in redirects and in
-text (Bokeh writes absolute URLs of its prefix into pages and scripts), so the secret prefix is
-never needed by the browser. Websockets (Bokeh's live panes) are relayed message by message.
+their answers come back with the upstream's own headers in place of the hub's defaults (its
+Content-Type above all: a stylesheet stays ``text/css``) and the upstream's prefix rewritten to
+the hub's in redirects and in text (Bokeh writes absolute URLs of its prefix into pages and
+scripts), so the secret prefix is never needed by the browser. Websockets (Bokeh's live panes)
+are relayed message by message.
 Cookies and the Authorization header are not forwarded: the hub's credentials are the hub's.
 """
 
@@ -107,12 +109,20 @@ class DaskDashboardHandler(websocket.WebSocketHandler, BaseHandler):
         public = self._public_root(user_name, cluster_id)
         upstream_path = urlsplit(root).path
         self.set_status(answer.code, answer.reason)
+        passed: set[str] = set()
         for name, value in answer.headers.get_all():
             if name.lower() in DROPPED_ANSWER_HEADERS:
                 continue
             if name.lower() == "location":
                 value = _rewrite(value, root, upstream_path, public)
-            self.add_header(name, value)
+            if name.lower() in passed:
+                self.add_header(name, value)  # a header the upstream repeats, repeated
+            else:
+                # the first replaces the hub's default of that name: tornado starts every
+                # answer with "Content-Type: text/html", and a second Content-Type beside it
+                # makes browsers take a stylesheet or script for HTML (an unstyled dashboard)
+                self.set_header(name, value)
+                passed.add(name.lower())
         body = answer.body or b""
         content_type = answer.headers.get("Content-Type", "")
         if body and content_type.startswith(TEXT_TYPES):

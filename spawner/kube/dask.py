@@ -4,7 +4,7 @@ operator's objects in the owner's namespace (the contract: `gpulab.hub.daskservi
 `GPUKubeSpawner.dask_executor` hands the hub's cluster service a `KubeDaskExecutor`. The manifests
 are the pure builders of `dask_objects`; the operator (`dask_operator`) makes pods of them; this
 module talks to the API server with the hub's own client (the notebook holds no Kubernetes
-permission) and decides when a pod has ended.
+permission) and decides when a pod has ended (reading pods and nodes with `dask_outcomes`).
 
 start_scheduler  the cluster's NetworkPolicies (before any pod: never up unprotected), its TLS
                  Secret, then its `DaskCluster` (scheduler on the scheduler's placement, default
@@ -25,7 +25,8 @@ running          the object exists, is not being deleted, and no pod of it sits 
 exit_reason      "node X was lost", the container's last end ("exited with status 1",
                  "OOMKilled"), or that the object was deleted by someone else.
 
-Handles are the objects' names (`KubeDaskHandle`), so a restarted hub finds them again.
+Handles are the objects' names (`dask_outcomes.KubeDaskHandle`), so a restarted hub finds them
+again.
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from typing import Any, cast
 
 from kubernetes_asyncio.client import (
@@ -52,30 +52,33 @@ from gpulab.hub.allocator import Placement
 from gpulab.hub.dask import Cluster, Worker
 from gpulab.hub.daskservice.executor import ClusterTLS, SchedulerStarted
 from gpulab.hub.profiles import Profile
-from gpulab.spawner.kube.dask_objects import (
+from gpulab.spawner.kube.dask_network import dask_client_network_policy, dask_network_policy
+from gpulab.spawner.kube.dask_objects import dask_cluster_manifest, dask_worker_group_manifest
+from gpulab.spawner.kube.dask_outcomes import (
+    KubeDaskHandle,
+    container_end_reason,
+    node_lost_for,
+    pod_ready,
+)
+from gpulab.spawner.kube.dask_secrets import (
+    report_owner_patch,
+    report_secret_manifest,
+    tls_secret_manifest,
+)
+from gpulab.spawner.kube.dask_settings import (
     DASHBOARD_PORT,
-    OPERATOR_CLUSTER_LABEL,
-    OPERATOR_COMPONENT_LABEL,
-    OPERATOR_WORKERGROUP_LABEL,
     SCHEDULER_PORT,
     KubeDaskSettings,
     client_network_policy_name,
     cluster_name,
-    dask_client_network_policy,
-    dask_cluster_manifest,
-    dask_network_policy,
-    dask_worker_group_manifest,
     network_policy_name,
-    report_owner_patch,
-    report_secret_manifest,
     report_secret_name,
     scheduler_name,
-    tls_secret_manifest,
     tls_secret_name,
     worker_group_name,
 )
 from gpulab.spawner.kube.gpu_resources import PlacedPod
-from gpulab.spawner.kube.jobs import pod_is_live, waiting_reason
+from gpulab.spawner.kube.job_outcomes import pod_is_live, waiting_reason
 
 log = logging.getLogger("gpulab.dask.kube")
 
@@ -101,84 +104,6 @@ class KubeDaskTarget:
     priority_class: Callable[[str], str]
     node_failure_seconds: float = 30.0
     start_timeout: float = 120.0
-
-
-@dataclass(frozen=True)
-class KubeDaskHandle:
-    """A scheduler (`worker` None) or worker as plain values the service stores."""
-
-    owner: str
-    cluster_id: int
-    namespace: str
-    cluster: str
-    worker: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> KubeDaskHandle:
-        try:
-            worker = data.get("worker")
-            return cls(
-                owner=str(data["owner"]),
-                cluster_id=int(data["cluster_id"]),
-                namespace=str(data["namespace"]),
-                cluster=str(data["cluster"]),
-                worker=None if worker is None else int(worker),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"not a Kubernetes Dask handle: {e}") from None
-
-    @property
-    def pod_selector(self) -> str:
-        """The label selector of its pods (the operator's labels)."""
-        if self.worker is None:
-            return f"{OPERATOR_CLUSTER_LABEL}={self.cluster},{OPERATOR_COMPONENT_LABEL}=scheduler"
-        return f"{OPERATOR_WORKERGROUP_LABEL}={worker_group_name(self.cluster, self.worker)}"
-
-
-# -- what the cluster says (pure: dicts in) --------------------------------------------------------
-
-
-def container_end_reason(pod: Mapping[str, Any]) -> str:
-    """The last end of the pod's container, for people: "OOMKilled", "exited with status 1",
-    "" when it never ended."""
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        for state in (status.get("state") or {}, status.get("lastState") or {}):
-            terminated = state.get("terminated")
-            if not terminated:
-                continue
-            reason, code = str(terminated.get("reason") or ""), terminated.get("exitCode")
-            if reason and reason not in ("Error", "Completed"):
-                return reason
-            if code is not None:
-                return f"exited with status {code}"
-    return ""
-
-
-def node_lost_for(node: Mapping[str, Any] | None, now: float) -> float:
-    """Seconds `node` (a Node, None when gone) has not been Ready; 0 when Ready."""
-    if node is None:
-        return float("inf")
-    for condition in (node.get("status") or {}).get("conditions") or []:
-        if condition.get("type") != "Ready":
-            continue
-        if condition.get("status") == "True":
-            return 0.0
-        since = condition.get("lastTransitionTime")
-        if not since:
-            return float("inf")
-        # RFC 3339 as the API server writes it ("...Z"), or the client's isoformat ("+00:00")
-        at = (
-            since
-            if isinstance(since, datetime)
-            else datetime.fromisoformat(str(since).replace("Z", "+00:00"))
-        )
-        if at.tzinfo is None:
-            at = at.replace(tzinfo=timezone.utc)
-        return max(0.0, now - at.timestamp())
-    return 0.0
 
 
 # -- the executor ----------------------------------------------------------------------------------
@@ -276,7 +201,7 @@ class KubeDaskExecutor:
                 )
             elif ip:
                 why = "the operator made no scheduler pod"
-            if ip and any(_ready(p) for p in pods):
+            if ip and any(pod_ready(p) for p in pods):
                 try:
                     comm = await connect(  # type: ignore[no-untyped-call]
                         f"tls://{ip}:{SCHEDULER_PORT}",
@@ -328,7 +253,7 @@ class KubeDaskExecutor:
             await self._stop_worker_objects(target, handle, grace=0)  # left by an earlier start
             if report:
                 # the token in a Secret of the owner's namespace, referenced by the pod, never a
-                # literal of the group, the Deployment or the pod (dask_objects' docstring)
+                # literal of the group, the Deployment or the pod (dask_secrets' docstring)
                 secret = report_secret_manifest(cluster.owner, cluster.id, worker.number, report, s)
                 await core.create_namespaced_secret(s.namespace, cast(Any, secret))
             made = await custom.create_namespaced_custom_object(
@@ -596,13 +521,6 @@ class KubeDaskExecutor:
         return node_lost_for(found, time.time()) > target.node_failure_seconds
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return not (pod.get("metadata") or {}).get("deletionTimestamp") and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
-    )
-
-
 def _detail(e: ApiException) -> str:
     detail = e.body.decode(errors="replace") if isinstance(e.body, bytes) else e.body
     return str(detail or "")[:300]
@@ -617,11 +535,4 @@ async def _delete(call: Awaitable[Any]) -> None:
             raise
 
 
-__all__ = [
-    "KubeDaskError",
-    "KubeDaskExecutor",
-    "KubeDaskHandle",
-    "KubeDaskTarget",
-    "container_end_reason",
-    "node_lost_for",
-]
+__all__ = ["KubeDaskError", "KubeDaskExecutor", "KubeDaskTarget"]

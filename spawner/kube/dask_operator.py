@@ -117,7 +117,8 @@ def structural(schema: Any) -> Any:
     """An OpenAPI v2 schema (Kubernetes' definitions, resolved) as a CRD's structural schema:
     `type: string, format: int-or-string` becomes `x-kubernetes-int-or-string: true` (ports and
     probes' ports take numbers and names), the vendor extensions a CRD schema has no field for
-    and every description are dropped (pure)."""
+    and every description are dropped, and list-map keys that are neither required nor
+    defaulted get their defaults (pure)."""
     if isinstance(schema, list):
         return [structural(v) for v in schema]
     if not isinstance(schema, dict):
@@ -134,7 +135,33 @@ def structural(schema: Any) -> Any:
         out.pop("format")
         out.pop("type", None)
         out["x-kubernetes-int-or-string"] = True
+    _default_list_map_keys(out)
     return out
+
+
+#: the defaults Kubernetes' own defaulting gives list-map keys that are not required (a port's
+#: protocol); other optional string keys default to "" as in Kubernetes' OpenAPI v3 document
+LIST_MAP_KEY_DEFAULTS = {"protocol": "TCP"}
+
+
+def _default_list_map_keys(schema: dict[str, Any]) -> None:
+    """A CRD's list-map key must be required or have a default (the API server refuses the CRD
+    otherwise); Kubernetes' OpenAPI v2 document leaves some without either (1.3x: the ports of
+    ephemeral containers, `imagePullSecrets[].name`), so give them their defaults."""
+    items = schema.get("items")
+    keys = schema.get("x-kubernetes-list-map-keys")
+    if not isinstance(items, dict) or not isinstance(keys, list):
+        return
+    required = set(items.get("required") or ())
+    properties = items.get("properties") or {}
+    for key in keys:
+        prop = properties.get(key)
+        if key in required or not isinstance(prop, dict) or "default" in prop:
+            continue
+        if key in LIST_MAP_KEY_DEFAULTS:
+            prop["default"] = LIST_MAP_KEY_DEFAULTS[key]
+        elif prop.get("type") == "string":
+            prop["default"] = ""
 
 
 def apply_json_patch(document: Any, operations: Sequence[Mapping[str, Any]]) -> Any:

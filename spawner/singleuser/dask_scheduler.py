@@ -31,8 +31,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     import dask.config
     from distributed.cli.dask_scheduler import main as dask_scheduler
 
+    from gpulab.spawner.singleuser.dask_http import PRELOAD
+
     args = list(sys.argv[1:] if argv is None else argv)
     prefix = str(dask.config.get(DASHBOARD_PREFIX_KEY, "") or "").strip("/")
+    # nothing outside the prefix answers: distributed's / and /sitemap.json would name it
+    args += ["--preload", PRELOAD]
     dask_scheduler.main(args=scheduler_args(args, prefix), prog_name="dask scheduler")
 
 

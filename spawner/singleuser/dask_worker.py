@@ -35,6 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from gpulab.spawner.names import GPU_MEMORY_LIMIT_MIB_ENV
+from gpulab.spawner.singleuser.dask_http import PRELOAD as HTTP_PRELOAD
 
 #: the worker preload that makes the dashboard's GPU figures the share's (see the docstring)
 SHARE_PRELOAD = "jupyterlab_gpulab.dask_preload"
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         holds_gpu, args = True, args[1:]
     if args and args[0] == "--":
         args = args[1:]
+    # its HTTP server's /sitemap.json (outside any prefix) answers no one (dask_http)
+    args = [*args, "--preload", HTTP_PRELOAD]
     dask_cuda_installed = importlib.util.find_spec("dask_cuda") is not None
     command, message = worker_argv(
         args,

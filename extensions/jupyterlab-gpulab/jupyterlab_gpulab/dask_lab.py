@@ -7,10 +7,13 @@ and lists only those. Here (decision record 0003):
   own profile when it gives a GPU, else her first profile that does), so the sidebar's "+NEW"
   asks the hub;
 * its cluster manager is ``HubClusterManager``: it lists every live cluster of the owner from the
-  hub (made from any notebook or server of hers), connects to each by name to show its workers,
-  and scales, adapts and stops through the hub. dask-labextension 7 reads its manager from its
-  modules' global ``manager`` (not from ``settings["dask_cluster_manager"]``, which later
-  versions read): both are set;
+  hub (made from any notebook or server of hers), asks each running one's scheduler for its
+  workers, cores and memory at every refresh, and scales, adapts and stops through the hub.
+  dask-labextension 7 reads its manager from its modules' global ``manager`` (not from
+  ``settings["dask_cluster_manager"]``, which later versions read): both are set;
+* the sidebar's "insert client code" writes ``Client("tls://<scheduler>")``, the address only:
+  this server's kernels get ``gpulab.dask.security_loader`` as distributed's
+  ``distributed.client.security-loader``, which gives such a client the cluster's credentials;
 * its dashboard check fetches a dashboard from this server, without the browser's cookies: for
   the hub's dashboards of this owner it sends this server's token (which the hub takes for her
   clusters only), so the sidebar finds their panes, which the browser then loads from the hub
@@ -40,7 +43,8 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from gpulab.dask import ClusterInfo, GPUCluster, HubDask, HubDaskError, HubUnavailable
+from gpulab.dask import ClusterInfo, HubDask, HubDaskError, HubUnavailable
+from gpulab.dask.cluster import security_of
 from gpulab.dask.hubapi import dashboard_url
 from gpulab.spawner.names import PROFILE_ENV
 
@@ -51,6 +55,12 @@ log = logging.getLogger(__name__)
 NAMESPACE = "gpulab/dask"
 #: the sidebar polls its list every few seconds; the hub is asked at most this often
 REFRESH_SECONDS = 1.0
+#: how long a scheduler may take to say how many workers it has (else: the hub's count)
+SCHEDULER_TIMEOUT_SECONDS = 10.0
+#: distributed's setting for the credentials of a ``Client(address)`` given none, as this
+#: server's kernels see it (dask reads its settings from ``DASK_*`` variables at import)
+SECURITY_LOADER_ENV = "DASK_DISTRIBUTED__CLIENT__SECURITY_LOADER"
+SECURITY_LOADER = "gpulab.dask.security_loader"
 #: the lab's cluster ids must look like UUIDs (dask-labextension's route takes only
 #: `\w+-\w+-\w+-\w+-\w+`): the hub's number, written in the last group
 _ID_PREFIX = "00000000-0000-0000-0000-"
@@ -85,17 +95,17 @@ def factory_config(profile: str | None) -> dict[str, Any]:
     return {"module": "gpulab.dask", "class": "GPUCluster", "args": [], "kwargs": kwargs}
 
 
-def cluster_model(info: ClusterInfo, connected: Any = None, origin: str = "") -> dict[str, Any]:
+def cluster_model(
+    info: ClusterInfo, scheduler: Mapping[str, Any] | None = None, origin: str = ""
+) -> dict[str, Any]:
     """dask-labextension's cluster model of a hub cluster; workers, cores and memory from the
-    scheduler when connected to it, else the hub's count of running workers. The dashboard link
+    scheduler's last answer (its ``identity``) when there is one, else the hub's count of
+    running workers. The dashboard link
     is absolute (the sidebar takes a bare path for one under this server): the hub's public URL
     when JupyterHub named one, else ``origin``, where the browser reached this server (the
     proxy, which routes /hub/ to the hub)."""
     from dask.utils import format_bytes
 
-    workers: Mapping[str, Any] = {}
-    if connected is not None:
-        workers = connected.scheduler_info.get("workers", {})
     model: dict[str, Any] = {
         "id": lab_id(info.id),
         "name": info.name,
@@ -103,9 +113,9 @@ def cluster_model(info: ClusterInfo, connected: Any = None, origin: str = "") ->
         "dashboard_link": _absolute(dashboard_url(info.dashboard_link), origin)
         if info.state == "running"
         else "",
-        "workers": len(workers) if connected is not None else info.workers_running,
-        "memory": format_bytes(sum(w.get("memory_limit", 0) or 0 for w in workers.values())),
-        "cores": sum(w.get("nthreads", 0) for w in workers.values()),
+        "workers": int(scheduler["n_workers"]) if scheduler else info.workers_running,
+        "memory": format_bytes(int(scheduler.get("total_memory") or 0) if scheduler else 0),
+        "cores": int(scheduler.get("total_threads") or 0) if scheduler else 0,
         # gpulab's own fields (the sidebar ignores them; the dialog and tests read them)
         "hub_id": info.id,
         "state": info.state,
@@ -124,14 +134,22 @@ def _absolute(link: str, origin: str) -> str:
 
 
 class HubClusterManager(DaskClusterManager):  # type: ignore[misc]
-    """dask-labextension's manager over the hub's clusters (see the module docstring)."""
+    """dask-labextension's manager over the hub's clusters (see the module docstring).
+
+    It holds no ``Cluster`` of a cluster it lists, only an ``rpc`` to its scheduler, asked at
+    every refresh: distributed's ``Cluster`` learns of workers by subscribing to the scheduler,
+    which keeps one subscriber only (its plugin has a fixed name), so a notebook's GPUCluster
+    connecting later took the updates from the sidebar's, which then showed the old worker
+    count for as long as the server ran."""
 
     def __init__(self, hub: HubDask) -> None:
         super().__init__()
         self.hub = hub
         self._infos: dict[str, ClusterInfo] = {}
-        self._connected: dict[str, GPUCluster] = {}
-        self._connecting: set[str] = set()
+        #: an rpc to each running cluster's scheduler, and its last answer
+        self._peers: dict[str, Any] = {}
+        self._schedulers: dict[str, dict[str, Any]] = {}
+        self._refreshing = asyncio.Lock()
         self._refreshed = 0.0
         self._refresh_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -141,18 +159,18 @@ class HubClusterManager(DaskClusterManager):  # type: ignore[misc]
     # -- the hub's list ------------------------------------------------------------------------
 
     async def refresh(self) -> None:
-        self._refreshed = time.monotonic()
-        infos = await self.hub.list(live=True)
-        self._infos = {lab_id(i.id): i for i in infos}
-        for gone in set(self._connected) - set(self._infos):
-            await self._disconnect(gone)
-        for cid, info in self._infos.items():
-            if (
-                info.state == "running"
-                and cid not in self._connected
-                and cid not in self._connecting
-            ):
-                self._spawn(self._connect(cid, info))
+        async with self._refreshing:
+            self._refreshed = time.monotonic()
+            infos = await self.hub.list(live=True)
+            self._infos = {lab_id(i.id): i for i in infos}
+            running = {
+                cid
+                for cid, i in self._infos.items()
+                if i.state == "running" and i.scheduler_address
+            }
+            for gone in set(self._peers) - running:
+                await self._disconnect(gone)
+            await asyncio.gather(*(self._ask_scheduler(cid) for cid in running))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -175,34 +193,44 @@ class HubClusterManager(DaskClusterManager):  # type: ignore[misc]
 
         self._refresh_task = asyncio.ensure_future(run())
 
-    async def _connect(self, cid: str, info: ClusterInfo) -> None:
-        """Connect to a running cluster by name, to show its workers, cores and memory."""
-        self._connecting.add(cid)
+    async def _ask_scheduler(self, cid: str) -> None:
+        """The scheduler's count of workers, cores and memory now (connecting with the
+        cluster's credentials first, once)."""
+        from distributed.core import rpc
+
+        info = self._infos[cid]
         try:
-            cluster = await GPUCluster(
-                _existing=info, hub=self.hub, asynchronous=True, shutdown_on_close=False
+            peer = self._peers.get(cid)
+            if peer is None:
+                credentials = await self.hub.credentials(info.id)
+                security = security_of(credentials)
+                peer = rpc(
+                    credentials.scheduler_address,
+                    connection_args=security.get_connection_args("client"),
+                )
+                self._peers[cid] = peer
+            # n_workers=0: the totals without every worker's description
+            self._schedulers[cid] = await asyncio.wait_for(
+                peer.identity(n_workers=0), SCHEDULER_TIMEOUT_SECONDS
             )
-            self._connected[cid] = cluster
-            self._clusters[cid] = cluster
-            self._cluster_names[cid] = info.name
-        except Exception as e:  # stopped meanwhile, or not reachable: listed without figures
-            log.info("gpulab dask: cannot connect to cluster %r: %s", info.name, e)
-        finally:
-            self._connecting.discard(cid)
+        except Exception as e:  # stopped meanwhile, or not reachable: the hub's count
+            log.info("gpulab dask: cluster %r did not answer: %s", info.name, e)
+            await self._disconnect(cid)
 
     async def _disconnect(self, cid: str) -> None:
-        cluster = self._connected.pop(cid, None)
-        self._clusters.pop(cid, None)
-        self._cluster_names.pop(cid, None)
-        if cluster is not None:
-            try:
-                await cluster.close()  # shutdown_on_close=False: disconnects only
+        peer = self._peers.pop(cid, None)
+        self._schedulers.pop(cid, None)
+        if peer is not None:
+            try:  # bounded: a scheduler gone mid-comm can leave distributed's close waiting
+                await asyncio.wait_for(peer.close_rpc(), SCHEDULER_TIMEOUT_SECONDS)
             except Exception as e:
                 log.info("gpulab dask: disconnecting from %s: %s", cid, e)
 
     def _model(self, cid: str) -> dict[str, Any] | None:
         info = self._infos.get(cid)
-        return None if info is None else cluster_model(info, self._connected.get(cid), self.origin)
+        if info is None:
+            return None
+        return cluster_model(info, self._schedulers.get(cid), self.origin)
 
     # -- dask-labextension's interface ---------------------------------------------------------
 
@@ -223,6 +251,7 @@ class HubClusterManager(DaskClusterManager):  # type: ignore[misc]
 
         cluster, _adaptive = await make_cluster(configuration or {})
         cluster.shutdown_on_close = False
+        await cluster.close()  # disconnects only: the list asks its scheduler (class docstring)
         await self.refresh()
         return self._model(lab_id(cluster.cluster_id)) or {}
 
@@ -248,7 +277,7 @@ class HubClusterManager(DaskClusterManager):  # type: ignore[misc]
             return None
         info = await self.hub.patch(number, {"n_workers": int(n)})
         self._infos[cluster_id] = info
-        return cluster_model(info, self._connected.get(cluster_id), self.origin)
+        return cluster_model(info, self._schedulers.get(cluster_id), self.origin)
 
     def adapt_cluster(self, cluster_id: str, minimum: int, maximum: int) -> dict[str, Any] | None:
         """dask-labextension calls this without awaiting: the hub is asked in the background
@@ -267,14 +296,14 @@ class HubClusterManager(DaskClusterManager):  # type: ignore[misc]
                 log.warning("gpulab dask: adapt %s refused: %s", info.name, e)
 
         self._spawn(patch())
-        model = cluster_model(info, self._connected.get(cluster_id), self.origin)
+        model = cluster_model(info, self._schedulers.get(cluster_id), self.origin)
         model["adapt"] = {"minimum": minimum, "maximum": maximum}
         return model
 
     async def close(self) -> None:
         """This server stops: disconnect only. Its clusters are the hub's, which stops those
         not kept alive when the server stops."""
-        for cid in list(self._connected):
+        for cid in list(self._peers):
             await self._disconnect(cid)
 
 
@@ -480,6 +509,10 @@ def setup_dask_lab(server_app: Any) -> HubClusterManager | None:
     except HubUnavailable:
         return None
     web_app = server_app.web_app
+    if not dask.config.get("distributed.client.security-loader", None):
+        # for the kernels this server starts (they inherit its environment); not one of hers,
+        # which she may have set to her own loader
+        os.environ.setdefault(SECURITY_LOADER_ENV, SECURITY_LOADER)
     own = os.environ.get(PROFILE_ENV, "")
     # until the hub's profiles are read (at start), the server's own profile is the default
     dask.config.set({"labextension.factory": factory_config(own or None)})

@@ -9,7 +9,7 @@ The folder lives with the user-side code (spawner/singleuser/) and is mapped to 
 ``dask`` package on pytest's path.
 """
 
-from .cluster import GPUCluster, HubAdaptive, list_clusters
+from .cluster import GPUCluster, HubAdaptive, list_clusters, security_loader
 from .hubapi import (
     ClusterInfo,
     DaskClusterNotFound,
@@ -33,4 +33,5 @@ __all__ = [
     "HubUnavailable",
     "WorkerInfo",
     "list_clusters",
+    "security_loader",
 ]

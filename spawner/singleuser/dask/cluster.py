@@ -14,6 +14,7 @@ import asyncio
 import html
 import logging
 import os
+import warnings
 from collections.abc import Generator, Mapping
 from typing import Any
 
@@ -23,7 +24,7 @@ from distributed.security import Security
 
 from gpulab.spawner.names import PROFILE_ENV
 
-from .hubapi import ClusterInfo, Credentials, HubDask, HubDaskError, dashboard_url
+from .hubapi import ClusterInfo, Credentials, HubDask, HubDaskError, HubUnavailable, dashboard_url
 
 log = logging.getLogger(__name__)
 
@@ -363,6 +364,41 @@ def _run_sync(awaitable: Any) -> Any:
         return pool.submit(asyncio.run, run()).result()
 
 
+def security_loader(info: Mapping[str, Any]) -> Security | None:
+    """distributed's ``distributed.client.security-loader``, which gpulab's lab servers set for
+    their kernels: ``Client("tls://...")`` given only the scheduler address of one of your
+    live clusters (what the Dask sidebar's "insert client code" writes) connects with that
+    cluster's credentials, as ``Client(cluster)`` does. None, so distributed's own defaults
+    apply, for any other address, outside a server the hub started, or when the hub cannot be
+    asked (with a warning saying why).
+
+    It asks the hub with this server's own token, which reaches her clusters only: an address
+    of another user's cluster matches none of them, and no credentials come back for it."""
+    address = str(info.get("address") or "")
+    if not address.startswith("tls://"):
+        return None
+    try:
+        hub = HubDask.from_env()
+    except HubUnavailable:
+        return None
+    try:
+        credentials = _run_sync(_credentials_at(hub, address))
+    except (HubDaskError, OSError, ValueError) as e:
+        warnings.warn(
+            f"gpulab.dask: the hub could not say whether {address} is one of your clusters: {e}",
+            stacklevel=2,
+        )
+        return None
+    return None if credentials is None else security_of(credentials)
+
+
+async def _credentials_at(hub: HubDask, address: str) -> Credentials | None:
+    for cluster in await hub.list(live=True):
+        if cluster.scheduler_address == address:
+            return await hub.credentials(cluster.id)
+    return None
+
+
 def list_clusters(
     live: bool = True, *, asynchronous: bool = False, hub: HubDask | None = None
 ) -> Any:
@@ -374,4 +410,11 @@ def list_clusters(
     return _run_sync(client.list(live=live))
 
 
-__all__ = ["GPUCluster", "HubAdaptive", "HubDaskError", "list_clusters", "security_of"]
+__all__ = [
+    "GPUCluster",
+    "HubAdaptive",
+    "HubDaskError",
+    "list_clusters",
+    "security_loader",
+    "security_of",
+]

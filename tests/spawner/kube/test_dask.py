@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
-import sys
 import time
-import urllib.error
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,19 +23,22 @@ from typing import Any
 import pytest
 
 from gpulab.devcluster import DevCluster, NodeSpec
-from gpulab.hub.allocator import Allocator, Placement, Request
+from gpulab.hub.allocator import Placement
 from gpulab.hub.dask import Cluster, ClusterSpec, Worker, WorkerState
-from gpulab.hub.dask.model import scheduler_request, worker_request
-from gpulab.hub.daskservice.executor import ClusterTLS
+from gpulab.hub.dask.allocations import scheduler_request, worker_request
 from gpulab.hub.daskservice.tls import make_cluster_tls
-from gpulab.hub.profiles import Profile, parse_profile
-from gpulab.spawner.kube.dask import KubeDaskError, KubeDaskExecutor, KubeDaskTarget
-from gpulab.spawner.kube.dask_objects import KubeDaskSettings, cluster_name
-from gpulab.spawner.kube.gpu_resources import PlacedPod, placed_pod
-from gpulab.spawner.kube.nodes import inventory_from_nodes
-from gpulab.spawner.kube.objects import priority_class_manifest
-from tests.harness.dask_kube import running_dask_operator
-from tests.harness.kube import CONNECT_SCRIPT, pod_manifest
+from gpulab.spawner.kube.dask import KubeDaskError, KubeDaskExecutor
+from gpulab.spawner.kube.dask_settings import cluster_name
+from tests.harness.dask_kube import (
+    NAMESPACE,
+    Backend,
+    client_security,
+    connect_from_pod,
+    ensure_priority_classes,
+    pods,
+    profile_request,
+    running_dask_operator,
+)
 from tests.harness.wait import wait_for
 
 # gd-mig: an A100 cut into MIG slices (2g.20gb for a quarter); gd-ts: an A100 time-sliced 4 ways
@@ -47,8 +46,6 @@ NODES = [
     NodeSpec("gd-mig", gpus=1, zone="zone-a", rack="rack-1", mig={"2g.20gb": 3, "1g.10gb": 1}),
     NodeSpec("gd-ts", gpus=1, zone="zone-a", rack="rack-1", sharing="time-slicing", replicas=4),
 ]
-QUARTER = {"slug": "a100-quarter", "gpus": "1/4", "gpu_model": "A100-SXM4-80GB", "cpu_limit": 1}
-NAMESPACE = "default"
 
 
 @pytest.fixture(scope="module")
@@ -60,120 +57,6 @@ def cluster(
     log = tmp_path_factory.mktemp("dask-operator") / "operator.log"
     with running_dask_operator(dev, log):
         yield dev
-
-
-def ensure_priority_classes(cluster: DevCluster) -> None:
-    """The PriorityClasses placed pods name, as GPUKubeSpawner creates them on first use."""
-    for priority, (name, value) in {
-        "on-demand": ("gpulab-on-demand", 1000),
-        "preemptible": ("gpulab-preemptible", 100),
-    }.items():
-        with contextlib.suppress(urllib.error.HTTPError):  # 409: made by an earlier module
-            cluster.api(
-                "POST",
-                "/apis/scheduling.k8s.io/v1/priorityclasses",
-                priority_class_manifest(name, value, priority),
-            )
-
-
-def node_objects(cluster: DevCluster) -> list[dict[str, Any]]:
-    return list(cluster.api("GET", "/api/v1/nodes")["items"])
-
-
-class Backend:
-    """An owner's backend as GPUKubeSpawner.dask_target builds it, for one sharing backend."""
-
-    def __init__(
-        self,
-        cluster: DevCluster,
-        sharing: str,
-        priority_classes: dict[str, str] | None = None,
-        start_timeout: float = 120,
-    ) -> None:
-        self.cluster, self.sharing = cluster, sharing
-        self.priority_classes, self.start_timeout = priority_classes, start_timeout
-        self.inventory = inventory_from_nodes(node_objects(cluster), sharing)
-        self.allocator = Allocator(self.inventory)
-        self.profiles = {"a100-quarter": parse_profile(QUARTER)}
-        self.api: Any = None
-
-    def gpu(self, uuid: str) -> Any:
-        return next(g for n in self.inventory.nodes for g in n.gpus if g.uuid == uuid)
-
-    def placed(self, profile: Profile, placement: Placement) -> PlacedPod:
-        device = self.gpu(placement.gpus[0].uuid) if placement.gpus else None
-        return placed_pod(
-            profile,
-            placement,
-            sharing=self.sharing,
-            priority=placement.request.priority,
-            device=device,
-            gpu_memory_mib=81920,
-            priority_classes=self.priority_classes,
-        )
-
-    async def target(self, owner: str) -> KubeDaskTarget:
-        if self.api is None:
-            self.api = await self.cluster.api_client()
-        host = self.cluster.host_address
-        return KubeDaskTarget(
-            api_client=self.api,
-            settings=KubeDaskSettings(
-                namespace=NAMESPACE,
-                image="gpulab/singleuser:dev",  # not pulled: the node agent runs the command
-                python=sys.executable,
-                termination_grace_seconds=5,
-                hub_cidrs=(f"{host}/32",),  # this process is the hub, outside the cluster
-            ),
-            profile=self.profiles.get,
-            placed_pod=self.placed,
-            priority_class=lambda priority: "",
-            node_failure_seconds=2,
-            start_timeout=self.start_timeout,
-        )
-
-
-def profile_request(profile: Profile) -> Request:
-    """The profile's allocator request, as GPUCapacity.request_for makes it."""
-    return Request(
-        id="-",
-        cpu_milli=round((profile.cpu_limit or 0) * 1000),
-        memory_mib=profile.mem_limit_mib or 0,
-        num_gpu=profile.num_gpu,
-        gpu_milli=profile.gpu_milli,
-        gpu_models=profile.gpu_models,
-    )
-
-
-def pods(cluster: DevCluster, selector: str) -> list[dict[str, Any]]:
-    query = urllib.parse.quote(selector)
-    path = f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={query}"
-    return list(cluster.api("GET", path)["items"])
-
-
-def tls_files(tls: ClusterTLS, folder: Path) -> dict[str, str]:
-    cert, key = folder / "tls.crt", folder / "tls.key"
-    cert.write_text(tls.cert_pem)
-    key.write_text(tls.key_pem)
-    key.chmod(0o600)
-    return {"cert": str(cert), "key": str(key)}
-
-
-def connect_from_pod(cluster: DevCluster, name: str, labels: dict[str, str], target: str) -> str:
-    """What a pod with `labels` gets connecting to `target` ("open", "refused", "error ...")."""
-    manifest = pod_manifest(name, [sys.executable, "-c", CONNECT_SCRIPT, target])
-    manifest["metadata"]["labels"] = labels
-    cluster.api("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", manifest)
-    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
-    try:
-        wait_for(
-            f"{name} to end",
-            lambda: cluster.api("GET", path)["status"].get("phase") in ("Succeeded", "Failed"),
-            60,
-        )
-        return str(json.loads(cluster.logs(name).strip().splitlines()[-1])[target])
-    finally:
-        cluster.api("DELETE", path, {"gracePeriodSeconds": 0})
 
 
 @pytest.mark.parametrize(
@@ -226,15 +109,8 @@ def test_a_tls_scheduler_and_two_workers_on_gpu_shares_compute_a_dask_array_redu
                 await executor.start_worker(record, worker, placement, started.address, tls)
             )
         from distributed import Client
-        from distributed.security import Security
 
-        files = tls_files(tls, tmp_path)
-        security = Security(
-            tls_ca_file=files["cert"],
-            tls_client_cert=files["cert"],
-            tls_client_key=files["key"],
-            require_encryption=True,
-        )
+        security = client_security(tls, tmp_path)
         async with Client(started.address, security=security, asynchronous=True) as client:
             await client.wait_for_workers(2, timeout=120)
             workers_up = time.monotonic() - began
@@ -347,6 +223,93 @@ def test_a_tls_scheduler_and_two_workers_on_gpu_shares_compute_a_dask_array_redu
     assert out["left_objects"] == []
     assert out["after"] == [False, False, False]
     assert out["reasons"] == ["its DaskWorkerGroup was deleted"] * 2
+
+
+def test_a_cpu_only_worker_joins_and_every_listener_of_the_clusters_pods_is_on_the_pods_address(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    """A worker of a profile without GPU (its pod told it sees none) joins and computes, and
+    neither its pod nor the scheduler's listens anywhere but on the pod's own address: the
+    nanny's and worker's comms and the worker's HTTP server (distributed's default for it is
+    every interface, `--no-dashboard` or not)."""
+    backend = Backend(cluster, "mig")
+    executor = KubeDaskExecutor(target_for=backend.target)
+    spec = ClusterSpec(owner="alice", name="plain", profile="cpu", n_workers=1)
+    record = Cluster.created(12, spec, time.time())
+    tls = make_cluster_tls("dask-alice-12")
+    name = cluster_name("alice", 12)
+
+    def listeners() -> list[str]:
+        """The IPv4 addresses listened on in this process's network namespace (the pod's)."""
+        found = []
+        for line in open("/proc/net/tcp").read().splitlines()[1:]:  # noqa: SIM115
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A":  # LISTEN
+                raw = bytes.fromhex(local.split(":")[0])[::-1]
+                found.append(".".join(str(b) for b in raw))
+        return found
+
+    async def scenario() -> dict[str, Any]:
+        started = await executor.start_scheduler(
+            record,
+            backend.allocator.place(
+                scheduler_request(
+                    "alice", frozenset(), 12, cpu_milli=500, memory_mib=512, affinity_group=None
+                )
+            ),
+            tls,
+        )
+        placement = backend.allocator.place(
+            worker_request(
+                profile_request(backend.profiles["cpu"]),
+                owner="alice",
+                cluster_id=12,
+                number=1,
+                preemptible=False,
+                affinity_group=None,
+            )
+        )
+        assert placement.gpus == ()
+        worker = Worker(12, 1, WorkerState.ADMITTED, time.time())
+        try:
+            handle = await executor.start_worker(record, worker, placement, started.address, tls)
+            from distributed import Client
+
+            security = client_security(tls, tmp_path)
+            async with Client(started.address, security=security, asynchronous=True) as client:
+                await client.wait_for_workers(1, timeout=120)
+                total = await client.submit(sum, range(101))
+                on_worker = await client.run(listeners)
+                on_scheduler = await client.run_on_scheduler(listeners)
+                env = await client.run(
+                    lambda: {
+                        k: os.environ.get(k)
+                        for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+                    }
+                )
+            await executor.stop(handle, grace_seconds=20)
+        finally:
+            await executor.stop(started.handle, grace_seconds=20)
+            await backend.api.close()
+        return {
+            "total": total,
+            "worker": on_worker,
+            "scheduler": on_scheduler,
+            "env": list(env.values()),
+            "left": pods(cluster, f"dask.org/cluster-name={name}"),
+        }
+
+    out = asyncio.run(scenario())
+    assert out["total"] == 5050
+    assert out["env"] == [{"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}]
+    ((address, bound),) = out["worker"].items()
+    pod_ip = address.removeprefix("tls://").rsplit(":", 1)[0]
+    # the nanny's comm, the worker's comm, the worker's HTTP server: all on the pod's address
+    assert len(bound) >= 3 and set(bound) == {pod_ip}, bound
+    # its comm and its dashboard: on its pod's address alone
+    assert len(out["scheduler"]) >= 2 and len(set(out["scheduler"])) == 1, out["scheduler"]
+    assert "0.0.0.0" not in out["scheduler"]
+    assert out["left"] == []
 
 
 def test_only_the_owners_pods_and_the_hub_reach_the_scheduler(cluster: DevCluster) -> None:

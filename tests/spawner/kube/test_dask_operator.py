@@ -123,6 +123,37 @@ def test_openapi_v2_becomes_a_structural_crd_schema() -> None:
     }
 
 
+def test_list_map_keys_neither_required_nor_defaulted_get_kubernetes_defaults() -> None:
+    """Kubernetes 1.3x's OpenAPI v2 leaves `ephemeralContainers[].ports[].protocol` and
+    `imagePullSecrets[].name` optional without a default, which a CRD may not have."""
+
+    def list_map(keys: list[str], properties: dict[str, object], required: list[str]) -> dict:
+        items = {"type": "object", "properties": properties, "required": required}
+        return {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": keys,
+            "items": items,
+        }
+
+    ports = list_map(
+        ["containerPort", "protocol"],
+        {"containerPort": {"type": "integer"}, "protocol": {"type": "string"}},
+        ["containerPort"],
+    )
+    secrets = list_map(["name"], {"name": {"type": "string"}}, [])
+    kept = list_map(["name"], {"name": {"type": "string", "default": "x"}}, [])
+    out = structural({"type": "object", "properties": {"p": ports, "s": secrets, "k": kept}})
+    p, s, k = (out["properties"][n]["items"]["properties"] for n in "psk")
+    assert p == {
+        "containerPort": {"type": "integer"},
+        "protocol": {"type": "string", "default": "TCP"},
+    }
+    assert s == {"name": {"type": "string", "default": ""}}
+    assert k == {"name": {"type": "string", "default": "x"}}
+    assert ports["items"]["properties"]["protocol"] == {"type": "string"}  # the input untouched
+
+
 def test_json_patches_add_replace_and_remove_on_a_copy() -> None:
     document = {"a": {"b": [{"c": 1}]}}
     patched = apply_json_patch(

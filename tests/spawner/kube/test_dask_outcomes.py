@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpulab.spawner.kube.dask import KubeDaskHandle, container_end_reason, node_lost_for
+from gpulab.spawner.kube.dask_outcomes import KubeDaskHandle, container_end_reason, node_lost_for
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

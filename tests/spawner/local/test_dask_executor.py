@@ -523,3 +523,36 @@ async def test_a_pid_the_fork_server_did_not_start_is_never_taken(
             victim.wait()
         await executor.close()
     assert pids_of_uid(alice.uid) == []
+
+
+def zombie_children_of_uid(uid: int) -> list[int]:
+    """This process's (the hub's) children of ``uid`` that ended and were never waited for."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if state == "Z" and int(ppid) == os.getpid() and entry.stat().st_uid == uid:
+                found.append(int(entry.name))
+    return found
+
+
+async def test_a_fork_server_that_ended_leaves_no_zombie_child_of_the_hub(
+    state_dir: Path, alice: SystemAccount
+) -> None:
+    executor = executor_for(state_dir, alice, forkserver_idle_seconds=1.0)
+    tls = make_cluster_tls("dask-alice-7")
+    started = await executor.start_scheduler(cluster(), placement("alice/dask-7-scheduler"), tls)
+    server = executor._forked[(started.handle["pid"], started.handle["start_ticks"])]
+    await executor.stop(started.handle, 2.0)
+    # idle for a second, it ends by itself: the hub (this process, its parent) must wait for it
+    deadline = time.monotonic() + 30
+    while pids_of_uid(alice.uid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert pids_of_uid(alice.uid) == []  # (zombies are no live process)
+    while zombie_children_of_uid(alice.uid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert zombie_children_of_uid(alice.uid) == []
+    assert server.closed and server.reaped
+    await executor.close()

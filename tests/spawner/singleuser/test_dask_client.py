@@ -23,7 +23,7 @@ from gpulab.dask import (
     HubDaskError,
     HubUnavailable,
 )
-from gpulab.dask.cluster import HubAdaptive, create_body, security_of
+from gpulab.dask.cluster import HubAdaptive, create_body, security_loader, security_of
 from gpulab.dask.hubapi import Credentials, dashboard_url, error_of
 
 CLUSTER = {
@@ -142,6 +142,23 @@ def test_hub_client_needs_the_servers_environment():
         }
     )
     assert hub.clusters_url == "http://hub:8081/hub/api/gpulab/users/al%20ice/dask-clusters"
+
+
+def test_security_loader_leaves_what_is_not_a_hub_cluster_to_distributed(monkeypatch):
+    """distributed's own defaults (None) outside a server the hub started, and for an address
+    without TLS, without asking anyone; a warning when the hub cannot be asked. A cluster's address is in the
+    lab's browser test (the sidebar's inserted code)."""
+    for name in ("JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN", "JUPYTERHUB_USER"):
+        monkeypatch.delenv(name, raising=False)
+    assert security_loader({"address": "tls://127.0.0.1:4000"}) is None
+    monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t")
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    assert security_loader({"address": "tcp://127.0.0.1:4000"}) is None
+    assert security_loader({"address": "inproc://x"}) is None
+    # a hub that does not answer: distributed's defaults, with the reason
+    with pytest.warns(UserWarning, match="could not say whether tls://127.0.0.1:4000"):
+        assert security_loader({"address": "tls://127.0.0.1:4000"}) is None
 
 
 async def test_hub_adaptive_awaits_the_hubs_answer():

@@ -89,17 +89,11 @@ def test_sidebar_model_from_the_hubs_cluster(monkeypatch):
     assert pending["dashboard_link"] == "" and "adapt" not in pending
 
 
-def test_sidebar_model_counts_a_connected_schedulers_workers():
-    class Connected:
-        scheduler_info = {
-            "workers": {
-                "a": {"nthreads": 2, "memory_limit": 2**30},
-                "b": {"nthreads": 2, "memory_limit": 2**30},
-            }
-        }
-
-    model = cluster_model(ClusterInfo.from_json(CLUSTER), Connected())
-    assert (model["workers"], model["cores"], model["memory"]) == (2, 4, "2.00 GiB")
+def test_sidebar_model_counts_the_schedulers_workers():
+    # the scheduler's identity(n_workers=0): its totals, with no worker described
+    scheduler = {"n_workers": 4, "total_threads": 8, "total_memory": 4 * 2**30, "workers": {}}
+    model = cluster_model(ClusterInfo.from_json(CLUSTER), scheduler)
+    assert (model["workers"], model["cores"], model["memory"]) == (4, 8, "4.00 GiB")
 
 
 def test_token_goes_only_to_the_hub_for_the_owners_dashboards(monkeypatch):

@@ -1,11 +1,16 @@
 """Dask clusters in the lab, through a real hub and real servers: dask-labextension's API in a
 user's server answers from the hub (gpulab's manager), the "New GPU cluster" endpoint passes the
-hub's refusals on word for word, and in a real browser the dialog creates a cluster that the
-Dask sidebar lists and whose dashboard pane opens through the hub."""
+hub's refusals on word for word, the sidebar's worker count follows a scale while a notebook
+holds the cluster, and in a real browser the dialog creates a cluster that the Dask sidebar
+lists and whose dashboard pane opens through the hub, the sidebar's inserted client code
+connects from a notebook, and the full dashboard is styled."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import json
+import re
 import time
 from typing import Any
 from urllib.parse import quote
@@ -15,8 +20,8 @@ import pytest
 from traitlets.config import Config
 
 from tests.harness.browser import log_in_as_admin, run_from_palette
-from tests.harness.hub import Hub, merged
-from tests.harness.jobs import INVENTORY
+from tests.harness.hub import Hub, merged, run_in_kernel
+from tests.harness.jobs import INVENTORY, put
 from tests.harness.labserver import EXTENSION_SRC
 
 pytestmark = pytest.mark.slow
@@ -188,3 +193,154 @@ def test_the_sidebars_new_makes_a_cluster_of_the_default_gpu_profile(make_hub: A
     r = client.delete(f"/dask/clusters/{model['id']}")
     assert r.status_code == 204, r.text
     assert until_state(hub, "alice", cluster["id"], "stopped")["state"] == "stopped"
+
+
+def hub_cluster(hub: Hub, user: str, **spec: Any) -> dict:
+    """A cluster of `user`'s made through the hub's API, once running."""
+    r = hub.api("POST", f"/gpulab/users/{user}/dask-clusters", json=spec)
+    assert r.status_code == 201, r.text
+    return until_state(hub, user, r.json()["id"], "running")
+
+
+def listed_until(client: httpx.Client, name: str, check: Any, timeout: float = 90) -> dict:
+    """The sidebar's model of cluster `name` (dask/clusters) once `check(model)` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = {c["name"]: c for c in client.get("/dask/clusters").json()}
+        model = listed.get(name, {})
+        if check(model) or time.monotonic() > deadline:
+            assert check(model), json.dumps(listed)
+            return dict(model)
+        time.sleep(0.5)
+
+
+@pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+def test_the_sidebar_counts_workers_added_while_a_notebook_holds_the_cluster(
+    make_hub: Any,
+) -> None:
+    """A notebook's GPUCluster subscribes to the scheduler's worker status, and a scheduler keeps
+    one such subscriber: the sidebar, connected first, must not lose its count to it."""
+    hub = make_hub(dask_overlay(default_user_quota_gpus=1))
+    hub.create_user("alice")
+    hub.start_server("alice", profile="cpu")
+    client = lab(hub, "alice")
+    cluster = hub_cluster(hub, "alice", profile="gpu-quarter", n_workers=2, name="grows")
+    until_state(hub, "alice", cluster["id"], "running")
+    listed_until(client, "grows", lambda m: m.get("workers") == 2 and m.get("cores", 0) >= 2)
+    held = asyncio.run(
+        run_in_kernel(
+            hub,
+            "alice",
+            "from gpulab.dask import GPUCluster\n"
+            "cluster = GPUCluster.from_name('grows')\n"
+            "print('HELD', len(cluster.scheduler_info['workers']))\n",
+            timeout=120,
+            keep_kernel=True,
+        )
+    )
+    assert "HELD 2" in held, held
+    path = f"/gpulab/users/alice/dask-clusters/{cluster['id']}"
+    r = hub.api("PATCH", path, json={"n_workers": 4})
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 180
+    while hub.api("GET", path).json()["workers_running"] < 4:
+        assert time.monotonic() < deadline, hub.api("GET", path).json()
+        time.sleep(0.5)
+    model = listed_until(client, "grows", lambda m: m.get("workers") == 4, timeout=30)
+    assert model["cores"] >= 4, model
+    r = hub.api("DELETE", path)
+    assert r.status_code == 200 and r.json()["state"] == "stopped", r.text
+
+
+def _empty_notebook() -> str:
+    return json.dumps(
+        {
+            "cells": [
+                {
+                    "cell_type": "code",
+                    "metadata": {},
+                    "source": "",
+                    "outputs": [],
+                    "execution_count": None,
+                }
+            ],
+            "metadata": {
+                "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+            },
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
+    )
+
+
+@pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+def test_the_sidebars_inserted_client_code_connects_from_a_notebook(
+    make_hub: Any, page: Any
+) -> None:
+    """dask-labextension's "<>" writes ``Client("<scheduler address>")`` and nothing else: run
+    in the lab's notebook, it connects to the TLS scheduler and sees its worker."""
+    hub = make_hub(dask_overlay())
+    log_in_as_admin(page, hub)
+    page.check("#profile-cpu")
+    page.click("form button[type=submit], form input[type=submit]")
+    page.wait_for_url("**/user/admin/lab**", timeout=90_000)
+    cluster = hub_cluster(hub, "admin", profile="gpu-quarter", n_workers=1, name="inserted")
+    put(hub, "admin", "client.ipynb", _empty_notebook())
+    page.goto(f"{hub.url}/user/admin/lab/tree/client.ipynb")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+    page.locator(".lm-TabBar-tab[data-id=dask-dashboard-launcher]").click()
+    item = page.locator(".dask-ClusterListingItem", has_text="inserted")
+    # listed with its scheduler's address once the sidebar's poll has seen it running
+    address = cluster["scheduler_address"]
+    item.locator(f".dask-ClusterListingItem-link[title='{address}']").wait_for(timeout=60_000)
+    item.locator("button.dask-ClusterListingItem-code").click()
+    editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+    page.wait_for_function(
+        "el => el.textContent.includes('Client(')", arg=editor.element_handle(), timeout=30_000
+    )
+    assert address in editor.inner_text()  # the address, no credentials
+    editor.click()
+    page.keyboard.press("Shift+Enter")
+    output = page.locator(".jp-Notebook .jp-Cell .jp-OutputArea-output").first
+    output.wait_for(timeout=120_000)
+    page.wait_for_function(
+        "el => /Client|Error/.test(el.textContent)", arg=output.element_handle(), timeout=120_000
+    )
+    text = output.text_content() or ""
+    assert "Error" not in text, text
+    assert re.search(r"Workers:\s*1\b", text), text
+    r = hub.api("DELETE", f"/gpulab/users/admin/dask-clusters/{cluster['id']}")
+    assert r.status_code == 200 and r.json()["state"] == "stopped", r.text
+
+
+@pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+def test_the_full_dashboard_through_the_hub_is_styled(make_hub: Any, page: Any) -> None:
+    """The dashboard link (``cluster.dashboard_link``, the sidebar's) opened in a browser: its
+    statics come with their own types and its stylesheet applies."""
+    hub = make_hub(dask_overlay())
+    log_in_as_admin(page, hub)
+    cluster = hub_cluster(
+        hub, "admin", profile="gpu-quarter", n_workers=1, name="styled", keep_alive=True
+    )
+    statics: dict[str, str] = {}
+    page.on(
+        "response",
+        lambda r: (
+            statics.__setitem__(r.url, r.headers.get("content-type", ""))
+            if "/statics/" in r.url
+            else None
+        ),
+    )
+    page.goto(f"{hub.url}{cluster['dashboard_link']}")
+    # distributed's base.css paints the page #FAFAFA: only a stylesheet taken as CSS does
+    page.wait_for_function(
+        "() => getComputedStyle(document.documentElement).backgroundColor === 'rgb(250, 250, 250)'",
+        timeout=30_000,
+    )
+    css = {url: kind for url, kind in statics.items() if url.endswith(".css")}
+    assert css and all(kind.startswith("text/css") for kind in css.values()), css
+    svg = {url: kind for url, kind in statics.items() if url.endswith(".svg")}
+    assert all(kind.startswith("image/svg+xml") for kind in svg.values()), svg
+    r = hub.api("DELETE", f"/gpulab/users/admin/dask-clusters/{cluster['id']}")
+    assert r.status_code == 200 and r.json()["state"] == "stopped", r.text

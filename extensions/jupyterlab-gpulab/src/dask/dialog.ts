@@ -5,7 +5,7 @@
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
-import { IProfileChoice, listProfiles } from '../jobs/api';
+import { IProfileChoice, listProfiles, profileSelect } from '../jobs/api';
 import { createCluster, IClusterModel, INewCluster } from './api';
 
 /** The most workers the form offers (the hub refuses what the quota does not allow). */
@@ -19,16 +19,7 @@ class NewClusterForm extends Widget {
     const what = document.createElement('p');
     what.textContent =
       'A Dask cluster run by the hub: each worker gets a share of the profile, admitted like a server.';
-    this._profile = document.createElement('select');
-    this._profile.className = 'jp-mod-styled';
-    this._profile.dataset.testid = 'gpulab-dask-profile';
-    for (const p of profiles) {
-      this._profile.append(new Option(p.label, p.slug));
-    }
-    const gpu = profiles.find(p => p.gpu);
-    if (gpu) {
-      this._profile.value = gpu.slug;
-    }
+    this._profile = profileSelect(profiles, 'dask', 'gpulab-dask-profile');
     const quotaLine = document.createElement('p');
     quotaLine.textContent = quota ?? '';
     this._workers = document.createElement('input');
