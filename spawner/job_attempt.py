@@ -24,6 +24,12 @@ from gpulab.spawner.names import (
     REPORT_SPEC_KEY,
 )
 
+# the wrapper's own names, so that the spec built here and the wrapper that reads it agree
+from gpulab.spawner.singleuser.jobwrapper import (
+    DEFAULT_KERNEL_START_TIMEOUT_SECONDS,
+    RUNNER_REPORTS_START_KEY,
+)
+
 WRAPPER_MODULE = "gpulab.spawner.singleuser.jobwrapper"
 
 
@@ -59,13 +65,16 @@ def wrapper_spec(
     args: Sequence[str] = (),
     kernel_name: str = "python3",
     report: Mapping[str, str] | None = None,
+    kernel_start_timeout_seconds: int = DEFAULT_KERNEL_START_TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
     """The JSON the wrapper runs: the folder to enter, the directories to make (as the user), the
     notebook's parameters file, and the job's argv (``python``: the interpreter of the machine or
     image the job runs in), and the run's GPU report (``report``: the hub's
     ``ReportTokens.issue``; the spec reaches the wrapper privately, so its token never is in the
-    job's environment or command line). ``ValueError`` for a script that is neither ``.py`` nor
-    ``.sh``."""
+    job's environment or command line). ``kernel_start_timeout_seconds``: how long a notebook's
+    kernel may take to start before the attempt failed before the job's code (the hub's
+    ``GPUJobs.kernel_start_timeout_seconds``). ``ValueError`` for a script that is neither
+    ``.py`` nor ``.sh``."""
     input_path = os.path.join(home, check_relative_path("path", path))
     out = run_output_dir(home, output_dir, run_id)
     spec: dict[str, Any] = {
@@ -87,7 +96,10 @@ def wrapper_spec(
             parameters_file,
             "--kernel",
             kernel_name,
+            "--kernel-start-timeout",
+            str(int(kernel_start_timeout_seconds)),
         ]
+        spec[RUNNER_REPORTS_START_KEY] = True
     elif path.endswith(".sh"):
         spec["argv"] = ["/bin/sh", input_path, *args]
     elif path.endswith(".py"):

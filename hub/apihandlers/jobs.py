@@ -27,7 +27,15 @@ from tornado.iostream import StreamClosedError
 
 from gpulab.hub.apihandlers.base import GPULabAPIHandler
 from gpulab.hub.apihandlers.workspace_actions import scoped_user
-from gpulab.hub.jobs import IllegalTransition, JobNotFound, JobSpec, JobSpecError, Run, RunState
+from gpulab.hub.jobs import (
+    RETRYABLE_STATES,
+    IllegalTransition,
+    JobNotFound,
+    JobSpec,
+    JobSpecError,
+    Run,
+    RunState,
+)
 from gpulab.hub.jobs.queue import queue_positions
 from gpulab.hub.jobservice import JobRefused, JobService
 from gpulab.hub.jobservice.hub import GPUJobs
@@ -78,6 +86,9 @@ class _JobsHandler(GPULabAPIHandler):
             "spec": {k: v for k, v in spec.to_dict().items() if k not in HUB_FIELDS},
             "state": run.state.value,
             "reason": run.reason,
+            # ended an attempt and will run again (its retry waits, e.g. a platform failure's
+            # back-off): a client keeps it among the active runs
+            "retrying": run.state in RETRYABLE_STATES and run.retry_allowed,
             "submitted_at": run.submitted_at,
             "updated_at": run.updated_at,
             "attempts": [
@@ -91,6 +102,9 @@ class _JobsHandler(GPULabAPIHandler):
                     "ended_at": a.ended_at,
                     "exit_code": a.exit_code,
                     "reason": a.reason,
+                    # failed before the job's code started: retried, not counted against
+                    # max_retries (the first PLATFORM_RETRIES of a run)
+                    "platform_failure": a.platform_failure,
                 }
                 for a in run.attempts
             ],
@@ -211,6 +225,10 @@ class JobLogsAPIHandler(_JobsHandler):
 class JobLogStreamAPIHandler(_JobsHandler):
     """The run's log as Server-Sent Events (`EventSource` in a browser): every piece of the log
     as it is written, attempt after attempt, then an `end` event with the run's final state.
+    Each piece carries the run's state as the store says when it is sent, so a client shows the
+    state its log is in (the lab's badge said "queued" while the log streamed, until its next
+    poll of the list); an attempt's log is streamed once the attempt has started (the run is
+    running), never while the run is only admitted.
 
     Each event's id is `<attempt>:<offset>` after it; a stream ends after `STREAM_SECONDS` (so no
     connection is held for hours through proxies) and the client reconnects with
@@ -235,13 +253,16 @@ class JobLogStreamAPIHandler(_JobsHandler):
             if attempt == 0 and run.attempts:
                 attempt = 1
             data = b""
-            if attempt and (handle is None or handle_of != attempt):
+            started = attempt and run.attempts[attempt - 1].started_at is not None
+            if started and (handle is None or handle_of != attempt):
                 handle = await asyncio.to_thread(service.store.handle, run.id, attempt)
                 handle_of = attempt
-            if handle is not None:
+            if handle is not None and handle_of == attempt:
                 data, offset = await service.executor.tail(handle, stream, offset)
             if data:
-                body = json.dumps({"attempt": attempt, "data": data.decode(errors="replace")})
+                run = await asyncio.to_thread(service.store.get_run, run.id)
+                piece = {"attempt": attempt, "data": data.decode(errors="replace")}
+                body = json.dumps(piece | {"state": run.state.value})
                 if not await self._send(f"id: {attempt}:{offset}\ndata: {body}\n\n"):
                     return
                 continue

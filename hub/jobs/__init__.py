@@ -18,10 +18,12 @@ Store calls are blocking: from async code, ``await asyncio.to_thread(store.submi
 See README.md beside this file.
 """
 
+from .database import SchemaTooNew, make_engine
 from .model import (
     FINAL_STATES,
     HOLDING_STATES,
     MAX_RETRIES,
+    PLATFORM_RETRIES,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     RETRYABLE_STATES,
@@ -63,8 +65,6 @@ from .store import (
     JobNotFound,
     JobStore,
     Output,
-    SchemaTooNew,
-    make_engine,
     sqlite_url,
 )
 
@@ -72,6 +72,7 @@ __all__ = [
     "FINAL_STATES",
     "HOLDING_STATES",
     "MAX_RETRIES",
+    "PLATFORM_RETRIES",
     "RESERVED_ENV_NAMES",
     "RESERVED_ENV_PREFIXES",
     "RETRYABLE_STATES",

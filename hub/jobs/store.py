@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.engine import URL, Connection
 
+from .database import create_schema, dumps, make_engine, upsert, writing
 from .model import (
     Attempt,
     Event,
@@ -41,7 +40,14 @@ from .model import (
 )
 
 #: The schema this code writes. A database of a newer one is refused rather than misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: What brings a database of the version before each key to it (run in order, once).
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # attempts say whether they failed before the job's own code started (the platform's failure)
+    2: (
+        "ALTER TABLE gpulab_job_attempts ADD COLUMN platform_failure BOOLEAN NOT NULL DEFAULT false",
+    ),
+}
 #: The SQLite file's name in the hub's state directory.
 SQLITE_FILE = "gpulab-jobs.sqlite"
 
@@ -96,6 +102,7 @@ attempts = sa.Table(
     sa.Column("outcome", sa.Text, nullable=True),
     sa.Column("exit_code", sa.Integer, nullable=True),
     sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("platform_failure", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
 outputs = sa.Table(
@@ -134,10 +141,6 @@ class JobNotFound(KeyError):
         return str(self.args[0]) if self.args else "not found"
 
 
-class SchemaTooNew(RuntimeError):
-    """The database was written by a newer gpulab; this one would misread it."""
-
-
 @dataclass(frozen=True)
 class Job:
     """A stored job definition."""
@@ -165,68 +168,6 @@ class Output:
 def sqlite_url(state_dir: str | Path) -> str:
     """The embedded default's database: ``gpulab-jobs.sqlite`` in the hub's state directory."""
     return f"sqlite:///{Path(state_dir).resolve() / SQLITE_FILE}"
-
-
-def make_engine(url: str | URL) -> Engine:
-    """An engine for ``url``: SQLite (a file, or ``sqlite://`` in memory) or PostgreSQL.
-
-    A bare ``postgresql://`` URL means psycopg 3 (gpulab's ``postgres`` extra), not SQLAlchemy's
-    default psycopg2, which gpulab does not install.
-    """
-    parsed = sa.make_url(url)
-    if parsed.drivername == "postgresql":
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.get_backend_name() != "sqlite":
-        return sa.create_engine(parsed, pool_pre_ping=True)
-    if parsed.database in (None, "", ":memory:"):
-        # one connection for every thread, or each thread of asyncio.to_thread would get an
-        # empty database of its own (for tests and throw-away hubs: the threads then share one
-        # connection, so concurrent calls are not isolated from each other)
-        engine = sa.create_engine(
-            parsed, poolclass=StaticPool, connect_args={"check_same_thread": False}
-        )
-    else:
-        engine = sa.create_engine(parsed, connect_args={"timeout": 30})
-    sa.event.listen(engine, "connect", _sqlite_connect)
-    sa.event.listen(engine, "begin", _sqlite_begin)
-    return engine
-
-
-#: execution option of the connections that write (``JobStore._writing``)
-_WRITES = "gpulab_jobs_writes"
-
-
-@contextlib.contextmanager
-def writing(engine: Engine) -> Iterator[Connection]:
-    """A transaction on ``engine`` that will write; on SQLite it holds the write lock from its
-    start (see ``_sqlite_begin``). For the stores that share this engine setup (the Dask
-    clusters' store); ``JobStore`` uses it too."""
-    with engine.connect() as conn:
-        conn.execution_options(**{_WRITES: True})
-        with conn.begin():
-            yield conn
-
-
-def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
-    # transactions are begun by _sqlite_begin, not by the driver behind SQLAlchemy's back
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    # WAL: the hub's readers (lists, the jobs panel) never wait for its writer; full sync: a run
-    # the hub said it admitted is admitted after a power cut too
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
-
-
-def _sqlite_begin(conn: Connection) -> None:
-    # A writer takes SQLite's write lock when it begins, before it reads. Begun deferred, it
-    # would read, then find at its first write that another process wrote since its snapshot,
-    # and fail with "database is locked" at once (no busy wait helps a stale snapshot), where
-    # the compare-and-set must instead wait its turn and then see the other's write.
-    conn.exec_driver_sql(
-        "BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITES) else "BEGIN"
-    )
 
 
 class JobStore:
@@ -258,9 +199,14 @@ class JobStore:
     # -- schema --------------------------------------------------------------------------------
 
     def _create_schema(self) -> None:
-        # version 1 is the first schema: there is nothing older to migrate from yet
         create_schema(
-            self.engine, metadata, schema_version, SCHEMA_VERSION, lock_id=4242160001, what="jobs"
+            self.engine,
+            metadata,
+            schema_version,
+            SCHEMA_VERSION,
+            lock_id=4242160001,
+            what="jobs",
+            migrations=MIGRATIONS,
         )
 
     @property
@@ -532,50 +478,6 @@ class JobStore:
 # -- rows <-> values ----------------------------------------------------------------------------
 
 
-def create_schema(
-    engine: Engine,
-    tables: sa.MetaData,
-    version_table: sa.Table,
-    version: int,
-    *,
-    lock_id: int,
-    what: str,
-) -> None:
-    """Create the tables of ``tables`` if missing and record ``version`` in ``version_table``;
-    ``SchemaTooNew`` when a newer gpulab wrote a higher one. Safe to run from several processes
-    at once: on PostgreSQL two hub workers starting together would both find a table missing
-    and both create it, so the advisory lock ``lock_id`` (one per store) makes the second wait
-    and then find it. ``what`` names the database in the error ("jobs", "Dask clusters")."""
-    with writing(engine) as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({int(lock_id)})"))
-        for table in tables.sorted_tables:
-            conn.execute(sa.schema.CreateTable(table, if_not_exists=True))
-            for index in table.indexes:
-                conn.execute(sa.schema.CreateIndex(index, if_not_exists=True))
-        stored = conn.execute(sa.select(sa.func.max(version_table.c.version))).scalar()
-        if stored is None:
-            conn.execute(version_table.insert().values(version=version))
-        elif stored > version:
-            raise SchemaTooNew(
-                f"the {what} database {engine.url.render_as_string(hide_password=True)} "
-                f"has schema version {stored}, written by a newer gpulab; this one "
-                f"understands up to {version}. Upgrade gpulab or point it at another database."
-            )
-
-
-def upsert(conn: Connection, table: sa.Table) -> Any:
-    """An INSERT with ``on_conflict_do_update`` (an upsert, one statement on both databases)."""
-    if conn.dialect.name == "postgresql":
-        return postgresql.insert(table)
-    return sqlite.insert(table)
-
-
-def dumps(value: object) -> str:
-    """JSON as the stores keep it (sorted keys, no NaN)."""
-    return json.dumps(value, sort_keys=True, allow_nan=False)
-
-
 def _job(row: Any) -> Job:
     return Job(int(row.id), JobSpec.from_dict(json.loads(row.spec)), float(row.created_at))
 
@@ -624,6 +526,7 @@ def _attempt_values(run_id: int, attempt: Attempt) -> dict[str, Any]:
         "outcome": None if attempt.outcome is None else attempt.outcome.value,
         "exit_code": attempt.exit_code,
         "reason": attempt.reason,
+        "platform_failure": attempt.platform_failure,
     }
 
 
@@ -637,6 +540,7 @@ def _attempt(row: Any) -> Attempt:
         outcome=None if row.outcome is None else RunState(row.outcome),
         exit_code=None if row.exit_code is None else int(row.exit_code),
         reason=row.reason,
+        platform_failure=bool(row.platform_failure),
     )
 
 

@@ -26,7 +26,8 @@ class JobOutcome(Protocol):
     """How an attempt ended, as the executor saw it."""
 
     def event(self, at: float) -> Event:
-        """The run's event for it: Succeed, Fail (exit code, reason), TimeOut or Cancel."""
+        """The run's event for it: Succeed, Fail (exit code, reason; `platform_failure` when it
+        failed before the job's own code started), TimeOut, Cancel or Preempt."""
 
 
 @runtime_checkable
@@ -79,7 +80,10 @@ class RunsJobs(Protocol):
         runs_dir: str,
         gpu_of: Callable[[str], Any],
         spawner_for: Callable[[str], Awaitable[Any]],
+        kernel_start_timeout_seconds: int = 60,
     ) -> JobExecutor:
         """The executor of this backend. `runs_dir`: the hub's folder for attempts' logs and
         records; `gpu_of(uuid)`: the inventory's GPU behind a share; `spawner_for(owner)`: the
-        hub user's default server's spawner (her account, her home, her backend settings)."""
+        hub user's default server's spawner (her account, her home, her backend settings);
+        `kernel_start_timeout_seconds`: how long a notebook's kernel may take to start (the job
+        wrapper's `--kernel-start-timeout`, `GPUJobs.kernel_start_timeout_seconds`)."""

@@ -14,7 +14,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Float, Unicode
+from traitlets import Bool, Float, Integer, TraitError, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub.capacity import GPUCapacity
@@ -62,6 +62,45 @@ class GPUJobs(SingletonConfigurable):
         telling it).""",
     )
 
+    kernel_start_timeout_seconds = Integer(
+        60,
+        config=True,
+        help="""How long a notebook job's kernel may take to start, in whole seconds (nbclient's
+        start-up wait, whose own default is 60 s) before its attempt has failed before the job's
+        code started.
+        Such an attempt is the platform's failure, not the job's: it is retried without counting
+        against the run's max_retries (at most 3 times a run), its cause in the attempt's
+        reason. Raise it on a loaded machine whose kernels start slowly.""",
+    )
+    platform_retry_backoff_seconds = Float(
+        5.0,
+        config=True,
+        help="""How long a run waits before it is queued again after an attempt that failed
+        before the job's code started (a kernel or wrapper that did not start, a pod that never
+        ran or was evicted), doubled after each such failure of the same run: 5, 10, 20 s by
+        default. What failed may be the machine's load, which a moment's wait lets pass.
+        A run whose node was lost moves to another node at once (no wait); lost nodes count
+        among the 3 platform failures a run is allowed.""",
+    )
+
+    @validate("kernel_start_timeout_seconds")
+    def _kernel_start_timeout(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if value < 1:
+            raise TraitError(
+                f"GPUJobs.kernel_start_timeout_seconds must be at least 1 second, got {value!r}"
+            )
+        return value
+
+    @validate("platform_retry_backoff_seconds")
+    def _backoff(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if value < 0:
+            raise TraitError(
+                f"GPUJobs.platform_retry_backoff_seconds must be 0 or more, got {value!r}"
+            )
+        return value
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store: JobStore | None = None
@@ -98,7 +137,10 @@ class GPUJobs(SingletonConfigurable):
 
         assert self.store is not None
         executor = app.spawner_class.job_executor(
-            runs_dir=str(runs), gpu_of=capacity.gpu_by_uuid, spawner_for=spawner_for
+            runs_dir=str(runs),
+            gpu_of=capacity.gpu_by_uuid,
+            spawner_for=spawner_for,
+            kernel_start_timeout_seconds=self.kernel_start_timeout_seconds,
         )
         reports = ReportTokens.of(app)
         service = JobService(
@@ -107,6 +149,7 @@ class GPUJobs(SingletonConfigurable):
             executor,
             admission_interval_seconds=self.admission_interval_seconds,
             report_for=reports.issue,
+            platform_retry_backoff_seconds=self.platform_retry_backoff_seconds,
         )
         try:
             # the allocator reflects the inventory before the first submission is checked against

@@ -17,11 +17,17 @@ A run's life here, with the store's compare-and-set at every step (`JobStore.tra
     watch    when the executor says the attempt ended (nothing of it runs any more), the run
              takes the outcome (succeeded, failed, timed out, canceled), its GPU share is given
              back, its outputs are recorded and, where retries are left, it is queued again;
+             an attempt that failed before the job's own code started (the executor's
+             `platform_failure`: a kernel or wrapper that did not start, a pod that never ran
+             or was evicted, a start the executor could not make) is queued again after a
+             back-off (`platform_retry_backoff_seconds`, doubled each time) without counting
+             against `max_retries`, at most `PLATFORM_RETRIES` times a run;
     cancel   a queued run is canceled at once; a running one is stopped by the executor and
              canceled when nothing of it runs, its share given back before `cancel` returns;
     recover  after a hub restart: attempts that still run are watched again, attempts that
              ended while the hub was away take their outcome, an attempt admitted but never
-             started fails (and is retried where it may be).
+             started fails as the platform's failure (and is retried), and a run whose retry
+             the stopped hub had not made yet is queued again.
 
 The allocation of a run's attempt is `<owner>/job-<run id>` (`allocation_id`): the hub's
 reconciliation keeps these while their runs hold a share (`live_allocation_ids`).
@@ -38,7 +44,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpulab.hub.allocator import AllocationError, NoCapacity, Placement, QuotaExceeded, Request
-from gpulab.hub.capacity import GPUCapacity, ProfileUnavailable, profile_milli
+from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.capacity_catalog import ProfileUnavailable, profile_milli
 from gpulab.hub.hub_service import admission_loop
 from gpulab.hub.jobs import (
     HOLDING_STATES,
@@ -93,6 +100,33 @@ def live_allocation_ids(store: JobStore) -> set[str]:
 NOT_YET_CONSIDERED = "queued; the next admission pass decides"
 
 
+def whole_quota_refusal(
+    capacity: GPUCapacity,
+    profile: Profile,
+    owner: str,
+    groups: frozenset[str],
+    *,
+    preemptible: bool = False,
+) -> str | None:
+    """Why a job run of `profile` is refused at submission for her quota (None: it is not): it
+    needs more than the smallest budget that applies to her with nothing else running, so it
+    would wait forever. A preemptible run may run over quota where the hub allows it. The lab's
+    dialogs mark such a profile before Submit (`GET /hub/api/gpulab/capacity`)."""
+    quota = capacity.quota
+    limits = [quota.user_limit(owner)] + [quota.groups.get(g) for g in groups]
+    known = [limit for limit in limits if limit is not None]
+    limit = min(known) if known else None
+    needed = profile_milli(profile)
+    if limit is None or needed <= limit:
+        return None
+    if (preemptible or profile.priority == "preemptible") and capacity.allow_preemptible_over_quota:
+        return None
+    return (
+        f"{profile.slug} needs {format_gpu_amount(needed)}, more than your whole GPU "
+        f"quota of {format_gpu_amount(limit)}: it could never start"
+    )
+
+
 class JobService:
     """See the module docstring. One per hub; `start()` runs its admission loop."""
 
@@ -105,6 +139,7 @@ class JobService:
         clock: Callable[[], float] = time.time,
         admission_interval_seconds: float = 5.0,
         report_for: Callable[[str], Mapping[str, str] | None] | None = None,
+        platform_retry_backoff_seconds: float = 5.0,
     ) -> None:
         self.store, self.capacity, self.executor, self.clock = store, capacity, executor, clock
         #: an attempt's GPU report for its allocation id (the hub's `ReportTokens.issue`: a
@@ -126,6 +161,10 @@ class JobService:
         self._loop_task: asyncio.Task[None] | None = None
         #: job specs by job id: a job's spec never changes, so each is read once
         self._specs: dict[int, JobSpec] = {}
+        #: the first wait before a platform failure's retry (doubled with each one of a run)
+        self.platform_retry_backoff_seconds = platform_retry_backoff_seconds
+        #: retries waiting out their back-off, by run id
+        self._retrying: dict[int, asyncio.Task[None]] = {}
 
     # -- submission ----------------------------------------------------------------------------
 
@@ -143,28 +182,12 @@ class JobService:
             profile = self.capacity.workload_profile(spec.profile, spec.groups, is_admin)
         except ProfileUnavailable as e:
             raise JobRefused(400, "profile", str(e)) from None
-        limit = self._whole_quota_milli(spec)
-        needed = profile_milli(profile)
-        if limit is not None and needed > limit and not self._may_run_over_quota(spec, profile):
-            raise JobRefused(
-                403,
-                "profile",
-                f"{profile.slug} needs {format_gpu_amount(needed)}, more than your whole GPU "
-                f"quota of {format_gpu_amount(limit)}: it could never start",
-            )
+        refusal = whole_quota_refusal(
+            self.capacity, profile, spec.owner, spec.groups, preemptible=spec.preemptible
+        )
+        if refusal:
+            raise JobRefused(403, "profile", refusal)
         return profile
-
-    def _whole_quota_milli(self, spec: JobSpec) -> int | None:
-        """The smallest budget that applies to the owner, with nothing else running (None:
-        unlimited): a run needing more waits forever, so it is refused instead."""
-        quota = self.capacity.quota
-        limits = [quota.user_limit(spec.owner)] + [quota.groups.get(g) for g in spec.groups]
-        known = [limit for limit in limits if limit is not None]
-        return min(known) if known else None
-
-    def _may_run_over_quota(self, spec: JobSpec, profile: Profile) -> bool:
-        preemptible = spec.preemptible or profile.priority == "preemptible"
-        return preemptible and self.capacity.allow_preemptible_over_quota
 
     def _request(self, run: Run, spec: JobSpec, profile: Profile) -> Request:
         request = self.capacity.request_for(
@@ -255,7 +278,10 @@ class JobService:
             handle = await self.executor.start(run, spec, placement, report)
         except Exception as e:  # the executor left nothing running (its contract)
             log.warning("job run %d could not start: %s", run.id, e)
-            failed = await self._transition(run, Fail(self.clock(), reason=f"could not start: {e}"))
+            # nothing of the job ran: the platform's failure, retried without counting
+            failed = await self._transition(
+                run, Fail(self.clock(), reason=f"could not start: {e}", platform_failure=True)
+            )
             await self.capacity.release(allocation_id(run))
             if failed is not None:
                 await self._retry_if_allowed(failed)
@@ -309,11 +335,40 @@ class JobService:
         self.wake()
 
     async def _retry_if_allowed(self, run: Run) -> None:
-        if run.state in RETRYABLE_STATES and run.retry_allowed:
-            again = await self._transition(run, Retry(self.clock()))
-            if again is not None:
-                log.info("job run %d queued again (attempt %d next)", run.id, len(run.attempts) + 1)
-                self.wake()
+        if not (run.state in RETRYABLE_STATES and run.retry_allowed):
+            return
+        attempt = run.attempt
+        # a lost node's run moves to another node at once; a job that failed to start waits
+        if (
+            attempt is not None
+            and attempt.platform_failure
+            and attempt.outcome is not RunState.PREEMPTED
+            and run.id not in self._retrying
+        ):
+            delay = self.platform_retry_backoff_seconds * 2 ** (run.platform_failures - 1)
+            log.warning(
+                "job run %d attempt %d failed before the job's code started (%s); "
+                "retrying in %.1f s, not counted against max_retries",
+                run.id,
+                attempt.number,
+                attempt.reason,
+                delay,
+            )
+            task = asyncio.create_task(self._retry_after(run, delay))
+            self._retrying[run.id] = task
+            task.add_done_callback(lambda _task: self._retrying.pop(run.id, None))
+            return
+        await self._retry(run)
+
+    async def _retry_after(self, run: Run, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._retry(run)  # a cancel meanwhile changed its version: then nothing happens
+
+    async def _retry(self, run: Run) -> None:
+        again = await self._transition(run, Retry(self.clock()))
+        if again is not None:
+            log.info("job run %d queued again (attempt %d next)", run.id, len(run.attempts) + 1)
+            self.wake()
 
     async def _transition(self, run: Run, event: Any) -> Run | None:
         return await asyncio.to_thread(
@@ -402,7 +457,12 @@ class JobService:
                 if handle is not None:  # started, but the hub stopped before it said so
                     await self.executor.cancel(handle)
                 failed = await self._transition(
-                    run, Fail(self.clock(), reason="the hub restarted before the run started")
+                    run,
+                    Fail(
+                        self.clock(),
+                        reason="the hub restarted before the run started",
+                        platform_failure=True,
+                    ),
                 )
                 await self.capacity.release(allocation_id(run))
                 if failed is not None:
@@ -415,6 +475,11 @@ class JobService:
                 "still running" if still_running else "ended while the hub was away",
             )
             self._watch(run, handle)
+        # runs whose retry the stopped hub had not made (one waiting out its back-off)
+        ended = await asyncio.to_thread(self.store.list_runs, states=set(RETRYABLE_STATES))
+        for run in ended:
+            if run.id not in self._watchers:
+                await self._retry_if_allowed(run)
 
     def live_allocation_ids(self) -> set[str]:
         """The allocations runs hold now (blocking: a store read), which the hub's
@@ -435,11 +500,18 @@ class JobService:
         """Stop admitting and watching (the attempts keep running: a restarted hub recovers
         them)."""
         self.capacity.remove_evictor(self.preempt)
-        tasks = [t for t in (self._loop_task, *self._watchers.values()) if t is not None]
+        waiting = (*self._watchers.values(), *self._retrying.values())
+        tasks = [t for t in (self._loop_task, *waiting) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._loop_task = None
 
 
-__all__ = ["JobRefused", "JobService", "allocation_id", "live_allocation_ids"]
+__all__ = [
+    "JobRefused",
+    "JobService",
+    "allocation_id",
+    "live_allocation_ids",
+    "whole_quota_refusal",
+]

@@ -69,6 +69,7 @@ from gpulab.spawner.names import (
     PRIORITY_LABEL,
     USERNAME_LABEL,
 )
+from gpulab.spawner.singleuser.jobwrapper import DEFAULT_KERNEL_START_TIMEOUT_SECONDS
 
 #: a Job's name is the value of its pods' job-name label: a DNS label
 MAX_JOB_NAME = 63
@@ -96,6 +97,8 @@ class KubeJobSettings:
     home: str = "/home/jovyan"
     python: str = "python3"
     kernel_name: str = "python3"
+    #: how long a notebook's kernel may take to start (GPUJobs.kernel_start_timeout_seconds)
+    kernel_start_timeout_seconds: int = DEFAULT_KERNEL_START_TIMEOUT_SECONDS
     uid: int | None = 1000
     gid: int | None = 100
     fs_gid: int | None = 100
@@ -163,6 +166,7 @@ def job_run_secret_manifest(
         args=spec.args,
         kernel_name=settings.kernel_name,
         report=report,
+        kernel_start_timeout_seconds=settings.kernel_start_timeout_seconds,
     )
     data = {SPEC_KEY: _b64(json.dumps(instructions, sort_keys=True))}
     data.update({ENV_KEY_PREFIX + k: _b64(v) for k, v in sorted(spec.environment.items())})

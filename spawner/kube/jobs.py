@@ -2,7 +2,8 @@
 
 `GPUKubeSpawner.job_executor` hands the hub's job service a `KubeJobExecutor` (the contract:
 `gpulab.hub.jobservice.JobExecutor`). The manifests are the pure builders of `job_objects`; this
-module talks to the API server and decides when an attempt has ended.
+module talks to the API server and decides when an attempt has ended (reading the Job and pod
+with `job_outcomes`, calling the API through `job_api`, keeping records with `job_records`).
 
 start     once the allocator admitted the run (never before: no Pending pod waits for GPUs),
           creates the attempt's Secret, then its Job, then makes the Job the Secret's owner.
@@ -72,20 +73,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, cast
 
-from kubernetes_asyncio.client import BatchV1Api, V1DeleteOptions
+from kubernetes_asyncio.client import BatchV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpulab.hub.allocator import Placement
-from gpulab.hub.jobs import Cancel, Event, Fail, JobSpec, Preempt, Run, Succeed, TimeOut
+from gpulab.hub.jobs import JobSpec, Run
+from gpulab.spawner.kube.job_api import (
+    delete_job,
+    delete_leftovers,
+    delete_pod,
+    delete_secret,
+    pods_of,
+    read_job,
+)
 from gpulab.spawner.kube.job_objects import (
     CONTAINER_NAME,
     KubeJobSettings,
@@ -95,9 +103,29 @@ from gpulab.spawner.kube.job_objects import (
     job_run_secret_name,
     secret_owner_patch,
 )
-from gpulab.spawner.kube.objects import safe_label_value
-from gpulab.spawner.names import JOB_RUN_LABEL, USERNAME_LABEL
-from gpulab.spawner.singleuser.jobwrapper import OUTPUTS_PREFIX
+from gpulab.spawner.kube.job_outcomes import (
+    KubeOutcome,
+    container_end,
+    finished_outcome,
+    job_finished,
+    outputs_from_log,
+    pod_is_live,
+    waiting_reason,
+)
+from gpulab.spawner.kube.job_records import (
+    MAX_LOG_BYTES,
+    KubeHandle,
+    mark_ended_by,
+    read_log_copy,
+    read_result,
+    read_small,
+    read_small_bytes,
+    write_file,
+)
+from gpulab.spawner.singleuser.jobwrapper import (
+    BEFORE_USER_CODE,
+    DEFAULT_KERNEL_START_TIMEOUT_SECONDS,
+)
 
 log = logging.getLogger("gpulab.jobs.kube")
 
@@ -105,150 +133,13 @@ log = logging.getLogger("gpulab.jobs.kube")
 LOG_STREAM = "stdout"
 #: how often a running attempt's log is copied to the hub's runs folder
 LOG_COPY_SECONDS = 10.0
-#: the most of a pod's log the hub keeps (the kubelet rotates container logs near this too)
-MAX_LOG_BYTES = 16 << 20
-#: the Job controller's label on a Job's pods
-JOB_NAME_LABEL = "job-name"
+#: the end of a pod's log read for the wrapper's cause of a failure before the job's code
+CAUSE_BYTES = 64 * 1024
 READ_WRITE_MANY = "ReadWriteMany"
 
 
 class KubeJobError(Exception):
     """An attempt could not be started or stopped; the message says why and what to change."""
-
-
-@dataclass(frozen=True)
-class KubeOutcome:
-    """How an attempt ended (`gpulab.hub.jobservice.JobOutcome`). `kind`: succeeded, failed,
-    timed_out, canceled or lost (its node was lost: the run is preempted and retried)."""
-
-    kind: str
-    reason: str = ""
-    exit_code: int | None = None
-
-    def event(self, at: float) -> Event:
-        if self.kind == "succeeded":
-            return Succeed(at)
-        if self.kind == "timed_out":
-            return TimeOut(at)
-        if self.kind == "canceled":
-            return Cancel(at)
-        if self.kind == "lost":
-            return Preempt(at, reason=self.reason)
-        return Fail(at, reason=self.reason or "failed", exit_code=self.exit_code)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> KubeOutcome:
-        code = data.get("exit_code")
-        return cls(
-            str(data["kind"]), str(data.get("reason") or ""), None if code is None else int(code)
-        )
-
-
-@dataclass(frozen=True)
-class KubeHandle:
-    """A started attempt as plain values the service stores: where its Job is, and the hub's
-    folder for it."""
-
-    owner: str
-    run_id: int
-    attempt: int
-    namespace: str
-    job: str
-    secret: str
-    node: str
-    started_at: float
-    attempt_dir: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> KubeHandle:
-        names = set(cls.__dataclass_fields__)
-        missing = names - set(data)
-        if missing:
-            raise ValueError(f"a Kubernetes job handle needs {', '.join(sorted(missing))}")
-        return cls(**{k: data[k] for k in names})
-
-    def path(self, name: str) -> str:
-        return os.path.join(self.attempt_dir, name)
-
-
-# -- what the cluster says (pure: dicts in) --------------------------------------------------------
-
-
-def pod_is_live(pod: Mapping[str, Any]) -> bool:
-    """A pod that may still run something: not Succeeded or Failed (Terminating counts)."""
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-
-
-def job_finished(job: Mapping[str, Any]) -> tuple[str, str] | None:
-    """("Complete" | "Failed", reason) once the Job controller has decided, else None."""
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
-            return str(condition["type"]), str(condition.get("reason") or "")
-    return None
-
-
-def container_end(pod: Mapping[str, Any] | None) -> tuple[int | None, str]:
-    """The job container's exit code and the kubelet's reason (None, '' when it has none)."""
-    for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") != CONTAINER_NAME:
-            continue
-        terminated = (status.get("state") or {}).get("terminated")
-        if terminated:
-            return terminated.get("exitCode"), str(terminated.get("reason") or "")
-    return None, ""
-
-
-def waiting_reason(pod: Mapping[str, Any] | None) -> str:
-    """Why the job container does not run yet, as the kubelet says (e.g. 'ImagePullBackOff:
-    ...'), or the pod's own condition; '' when nothing is known."""
-    for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
-        waiting = (status.get("state") or {}).get("waiting")
-        if waiting and waiting.get("reason"):
-            message = str(waiting.get("message") or "")
-            return f"{waiting['reason']}: {message}"[:300] if message else str(waiting["reason"])
-    for condition in ((pod or {}).get("status") or {}).get("conditions") or []:
-        if condition.get("status") == "False" and condition.get("message"):
-            return str(condition["message"])[:300]
-    return ""
-
-
-def finished_outcome(job: Mapping[str, Any], pod: Mapping[str, Any] | None) -> KubeOutcome:
-    """The outcome of a Job the controller has finished (`job_finished`), its pod ended."""
-    finished = job_finished(job)
-    assert finished is not None
-    kind, reason = finished
-    if kind == "Complete":
-        return KubeOutcome("succeeded")
-    if reason == "DeadlineExceeded":
-        return KubeOutcome("timed_out", "timed out")
-    code, why = container_end(pod)
-    if code is not None:
-        return KubeOutcome("failed", f"exit code {code}" if code else why or "failed", code)
-    return KubeOutcome("failed", f"its Job failed ({reason or 'no reason given'})")
-
-
-def outputs_from_log(data: bytes) -> list[tuple[str, int]]:
-    """The files of the last outputs line the job wrapper wrote (`--list-outputs`); [] when
-    there is none or it is not the wrapper's shape."""
-    marker = OUTPUTS_PREFIX.encode()
-    at = data.rfind(b"\n" + marker)
-    if at < 0:
-        if not data.startswith(marker):
-            return []
-        at = -1
-    line = data[at + 1 + len(marker) :].split(b"\n", 1)[0]
-    try:
-        listing = json.loads(line)
-        files = [(str(path), int(size)) for path, size in listing["files"]]
-    except (ValueError, TypeError, KeyError):
-        return []
-    return [(p, s) for p, s in files if p and not p.startswith(("/", "../")) and s >= 0]
-
-
-# -- the executor ----------------------------------------------------------------------------------
 
 
 class KubeJobExecutor:
@@ -263,9 +154,11 @@ class KubeJobExecutor:
         runs_dir: str,
         spawner_for: Callable[[str], Awaitable[Any]],
         poll_seconds: float = 1.0,
+        kernel_start_timeout_seconds: int = DEFAULT_KERNEL_START_TIMEOUT_SECONDS,
     ) -> None:
         self.runs_dir, self.spawner_for = runs_dir, spawner_for
         self.poll_seconds = poll_seconds
+        self.kernel_start_timeout_seconds = kernel_start_timeout_seconds
         self._log_cache: dict[str, tuple[float, bytes]] = {}
 
     # -- start -------------------------------------------------------------------------------
@@ -321,15 +214,15 @@ class KubeJobExecutor:
         core, batch = spawner.api, BatchV1Api(spawner.api.api_client)
         ns = settings.namespace
         try:
-            await _delete_leftovers(core, batch, handle)  # of a start the hub did not finish
+            await delete_leftovers(core, batch, handle)  # of a start the hub did not finish
             await core.create_namespaced_secret(ns, secret)
             created = await batch.create_namespaced_job(ns, cast(Any, job))  # a dict is a body
             body = core.api_client.sanitize_for_serialization(created)
             await core.patch_namespaced_secret(handle.secret, ns, secret_owner_patch(body))
         except BaseException as e:
             with contextlib.suppress(Exception):
-                await _delete_job(batch, handle, grace=0, propagation="Background")
-                await _delete_secret(core, handle)
+                await delete_job(batch, handle, grace=0, propagation="Background")
+                await delete_secret(core, handle)
             if isinstance(e, ApiException):
                 detail = e.body.decode(errors="replace") if isinstance(e.body, bytes) else e.body
                 raise KubeJobError(
@@ -367,6 +260,7 @@ class KubeJobExecutor:
             termination_grace_seconds=int(spawner.delete_grace_period),
             image_pull_policy=spawner.image_pull_policy or None,
             labels=dict(spawner.common_labels),
+            kernel_start_timeout_seconds=self.kernel_start_timeout_seconds,
         )
 
     async def _home_claim(self, spawner: Any, owner: str, node: str) -> str:
@@ -415,7 +309,7 @@ class KubeJobExecutor:
 
     async def wait(self, handle: Mapping[str, Any]) -> KubeOutcome:
         h = KubeHandle.from_dict(handle)
-        recorded = await asyncio.to_thread(_read_result, h)
+        recorded = await asyncio.to_thread(read_result, h)
         if recorded is not None:
             return recorded
         spawner = await self.spawner_for(h.owner)
@@ -439,10 +333,10 @@ class KubeJobExecutor:
             await asyncio.sleep(self.poll_seconds)
         if outcome.kind != "lost":  # a lost node's kubelet answers nothing
             await self._copy_log(core, state, h, "log")
-        await asyncio.to_thread(_write_file, h.path("result.json"), json.dumps(asdict(outcome)))
+        await asyncio.to_thread(write_file, h.path("result.json"), json.dumps(asdict(outcome)))
         with contextlib.suppress(ApiException):
-            await _delete_job(batch, h, grace=0, propagation="Background")
-            await _delete_secret(core, h)
+            await delete_job(batch, h, grace=0, propagation="Background")
+            await delete_secret(core, h)
         self._log_cache.pop(h.job, None)
         return outcome
 
@@ -450,15 +344,15 @@ class KubeJobExecutor:
         self, spawner: Any, state: Any, batch: BatchV1Api, h: KubeHandle
     ) -> KubeOutcome | None:
         """The attempt's outcome once nothing of it runs; None while it runs."""
-        pods = _pods_of(state, h)
+        pods = pods_of(state, h)
         live = [p for p in pods if pod_is_live(p)]
         for pod in live:
             node = (pod.get("spec") or {}).get("nodeName")
             if node and state.node_failed_for(node) > spawner.node_failure_seconds:
                 await self._remove_lost(spawner, batch, h, node)
                 return KubeOutcome("lost", f"node {node} was lost")
-        job = await _read_job(batch, h)
-        canceled = await asyncio.to_thread(_read_small, h.path("ended-by")) == "canceled"
+        job = await read_job(batch, h)
+        canceled = await asyncio.to_thread(read_small, h.path("ended-by")) == "canceled"
         if job is None or job["metadata"].get("deletionTimestamp"):
             if live:
                 return None  # a cancel in progress: its pods are stopping
@@ -468,15 +362,22 @@ class KubeJobExecutor:
         if job_finished(job) is not None:
             if live:
                 return None  # e.g. past its deadline: the controller stops the pod
-            return finished_outcome(job, pods[-1] if pods else None)
+            last = pods[-1] if pods else None
+            log_end = b""
+            if container_end(last)[0] == BEFORE_USER_CODE:  # its log says whether it was ours
+                log_end = (await self._pod_log(spawner.api, state, h) or b"")[-CAUSE_BYTES:]
+            return finished_outcome(job, last, log_end)
         running = any((p.get("status") or {}).get("phase") == "Running" for p in live)
         waited = time.time() - h.started_at
         if not running and waited > float(spawner.start_timeout):
             why = waiting_reason(live[-1] if live else None) or "no pod was scheduled"
-            await _delete_job(batch, h, grace=0, propagation="Background")
+            await delete_job(batch, h, grace=0, propagation="Background")
             for pod in live:
-                await _delete_pod(spawner.api, pod, grace=0)
-            return KubeOutcome("failed", f"did not start within {waited:.0f} s: {why}")
+                await delete_pod(spawner.api, pod, grace=0)
+            # nothing of the job ran: the platform's failure (an image that does not pull, a
+            # node that does not start the container), retried without counting
+            reason = f"did not start within {waited:.0f} s: {why}"
+            return KubeOutcome("failed", reason, platform_failure=True)
         return None
 
     async def _remove_lost(self, spawner: Any, batch: BatchV1Api, h: KubeHandle, node: str) -> None:
@@ -493,48 +394,48 @@ class KubeJobExecutor:
         # the Job first (its controller must not make a new pod), then its pods at once: no
         # kubelet will confirm their end, and the share is given to the next attempt
         with contextlib.suppress(ApiException):
-            await _delete_job(batch, h, grace=0, propagation="Background")
+            await delete_job(batch, h, grace=0, propagation="Background")
         state = await spawner.gpu_state()
-        for pod in _pods_of(state, h):
-            await _delete_pod(spawner.api, pod, grace=0)
+        for pod in pods_of(state, h):
+            await delete_pod(spawner.api, pod, grace=0)
 
     async def cancel(self, handle: Mapping[str, Any]) -> None:
         h = KubeHandle.from_dict(handle)
-        await asyncio.to_thread(_mark_ended_by, h, "canceled")
+        await asyncio.to_thread(mark_ended_by, h, "canceled")
         spawner = await self.spawner_for(h.owner)
         state = await spawner.gpu_state()
         core, batch = spawner.api, BatchV1Api(spawner.api.api_client)
         await self._copy_log(core, state, h, "log.partial")  # the log goes with the pod
         grace = int(spawner.delete_grace_period)
-        await _delete_job(batch, h, grace=grace, propagation="Foreground")
+        await delete_job(batch, h, grace=grace, propagation="Foreground")
         give_up = time.monotonic() + grace + 60
-        while live := [p for p in _pods_of(state, h) if pod_is_live(p)]:
+        while live := [p for p in pods_of(state, h) if pod_is_live(p)]:
             for pod in live:
                 node = (pod.get("spec") or {}).get("nodeName")
                 if node and state.node_failed_for(node) > 0:
-                    await _delete_pod(core, pod, grace=0)  # no kubelet will stop it
+                    await delete_pod(core, pod, grace=0)  # no kubelet will stop it
             if time.monotonic() > give_up:
                 names = ", ".join(p["metadata"]["name"] for p in live)
                 raise KubeJobError(f"pods {names} of run {h.run_id} did not stop after {grace} s")
             await asyncio.sleep(min(self.poll_seconds, 0.25))
-        await _delete_secret(core, h)
+        await delete_secret(core, h)
 
     async def reattach(self, handle: Mapping[str, Any]) -> bool:
         h = KubeHandle.from_dict(handle)
-        if await asyncio.to_thread(_read_result, h) is not None:
+        if await asyncio.to_thread(read_result, h) is not None:
             return False
         spawner = await self.spawner_for(h.owner)
         state = await spawner.gpu_state()
-        job = await _read_job(BatchV1Api(spawner.api.api_client), h)
+        job = await read_job(BatchV1Api(spawner.api.api_client), h)
         if job is None or job_finished(job) is not None:
-            return any(pod_is_live(p) for p in _pods_of(state, h))
+            return any(pod_is_live(p) for p in pods_of(state, h))
         return True
 
     # -- logs and outputs ----------------------------------------------------------------------
 
     async def _pod_log(self, core: Any, state: Any, h: KubeHandle) -> bytes | None:
         """The pod's whole log through the API server (None: no pod, or no log to read)."""
-        pods = _pods_of(state, h)
+        pods = pods_of(state, h)
         if not pods:
             return None
         name = pods[-1]["metadata"]["name"]
@@ -559,7 +460,7 @@ class KubeJobExecutor:
     async def _copy_log(self, core: Any, state: Any, h: KubeHandle, name: str) -> None:
         data = await self._pod_log(core, state, h)
         if data is not None:
-            await asyncio.to_thread(_write_file, h.path(name), data)
+            await asyncio.to_thread(write_file, h.path(name), data)
 
     async def tail(
         self, handle: Mapping[str, Any], stream: str, offset: int = 0
@@ -577,7 +478,7 @@ class KubeJobExecutor:
         return data[offset:], len(data)
 
     async def _log_of(self, h: KubeHandle) -> bytes:
-        saved = await asyncio.to_thread(_read_log_copy, h)
+        saved = await asyncio.to_thread(read_log_copy, h)
         if saved is not None:
             return saved
         # a running attempt: live viewers poll several times a second, the API is asked at most
@@ -588,152 +489,15 @@ class KubeJobExecutor:
         spawner = await self.spawner_for(h.owner)
         data = await self._pod_log(spawner.api, await spawner.gpu_state(), h)
         if data is None:
-            partial = await asyncio.to_thread(_read_small_bytes, h.path("log.partial"))
+            partial = await asyncio.to_thread(read_small_bytes, h.path("log.partial"))
             data = partial or b""
         self._log_cache[h.job] = (time.monotonic(), data)
         return data
 
     async def outputs(self, handle: Mapping[str, Any]) -> list[tuple[str, int]]:
         h = KubeHandle.from_dict(handle)
-        data = await asyncio.to_thread(_read_log_copy, h)
+        data = await asyncio.to_thread(read_log_copy, h)
         return outputs_from_log(data or b"")
 
 
-# -- API calls -------------------------------------------------------------------------------------
-
-
-def _pods_of(state: Any, h: KubeHandle) -> list[dict[str, Any]]:
-    """The attempt's pods in the hub's pod cache, oldest first."""
-    found = []
-    for pod in list(state.pods.objects.values()):
-        meta = pod["metadata"]
-        labels = meta.get("labels") or {}
-        if (
-            meta.get("namespace") == h.namespace
-            and labels.get(JOB_NAME_LABEL) == h.job
-            and labels.get(JOB_RUN_LABEL) == str(h.run_id)
-        ):
-            found.append(pod)
-    return sorted(found, key=lambda p: p["metadata"].get("creationTimestamp") or "")
-
-
-async def _read_job(batch: Any, h: KubeHandle) -> dict[str, Any] | None:
-    try:
-        job = await batch.read_namespaced_job(h.job, h.namespace)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    plain: dict[str, Any] = batch.api_client.sanitize_for_serialization(job)
-    return plain
-
-
-async def _delete_job(batch: BatchV1Api, h: KubeHandle, *, grace: int, propagation: str) -> None:
-    try:
-        await batch.delete_namespaced_job(
-            h.job,
-            h.namespace,
-            body=V1DeleteOptions(grace_period_seconds=grace, propagation_policy=propagation),
-        )
-    except ApiException as e:
-        if e.status != 404:
-            raise
-
-
-async def _delete_secret(core: Any, h: KubeHandle) -> None:
-    try:
-        await core.delete_namespaced_secret(h.secret, h.namespace)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-
-
-async def _delete_pod(core: Any, pod: Mapping[str, Any], *, grace: int) -> None:
-    meta = pod["metadata"]
-    try:
-        await core.delete_namespaced_pod(
-            meta["name"], meta["namespace"], body=V1DeleteOptions(grace_period_seconds=grace)
-        )
-    except ApiException as e:
-        if e.status != 404:
-            raise
-
-
-async def _delete_leftovers(core: Any, batch: Any, h: KubeHandle) -> None:
-    """Jobs of this run's earlier attempts, and a Job or Secret of this very attempt, left by a
-    hub that stopped between creating them and storing the handle (the service then retries the
-    run without a handle to cancel): they would hold the run's share twice."""
-    selector = f"{JOB_RUN_LABEL}={h.run_id},{USERNAME_LABEL}={safe_label_value(h.owner)}"
-    listing = await batch.list_namespaced_job(h.namespace, label_selector=selector)
-    for job in listing.items or []:
-        name = job.metadata.name
-        log.warning("job run %d: deleting %s, left by an earlier start", h.run_id, name)
-        await _delete_job(
-            batch, dataclasses.replace(h, job=name), grace=0, propagation="Background"
-        )
-    await _delete_secret(core, h)
-
-
-# -- the hub's files -------------------------------------------------------------------------------
-
-
-def _write_file(path: str, data: str | bytes) -> None:
-    raw = data.encode() if isinstance(data, str) else data
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(raw)
-    os.replace(tmp, path)
-
-
-def _read_small_bytes(path: str, limit: int = MAX_LOG_BYTES) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit)
-
-
-def _read_small(path: str) -> str:
-    return (_read_small_bytes(path, 4096) or b"").decode(errors="replace").strip()
-
-
-def _read_log_copy(h: KubeHandle) -> bytes | None:
-    """The final copy of the log, once the attempt has ended (None while it runs)."""
-    if not os.path.exists(h.path("result.json")):
-        return None
-    final = _read_small_bytes(h.path("log"))
-    return final if final is not None else (_read_small_bytes(h.path("log.partial")) or b"")
-
-
-def _read_result(h: KubeHandle) -> KubeOutcome | None:
-    raw = _read_small_bytes(h.path("result.json"), 4096)
-    if not raw:
-        return None
-    try:
-        return KubeOutcome.from_dict(json.loads(raw))
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _mark_ended_by(h: KubeHandle, why: str) -> None:
-    """Record why the hub ends the attempt; the first reason stays."""
-    with contextlib.suppress(FileExistsError):
-        fd = os.open(
-            h.path("ended-by"),
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-        )
-        with os.fdopen(fd, "w") as f:
-            f.write(why)
-
-
-__all__ = [
-    "KubeHandle",
-    "KubeJobError",
-    "KubeJobExecutor",
-    "KubeOutcome",
-    "finished_outcome",
-    "outputs_from_log",
-]
+__all__ = ["KubeJobError", "KubeJobExecutor"]

@@ -18,7 +18,8 @@ ends the log with the run's outputs (step 5), since the hub cannot read the pod'
 3. lets SIGTERM, SIGINT and SIGHUP pass it by (a Python handler that does nothing, reset to the
    default in the job by exec) so that it outlives the job and records "killed by SIGTERM";
 4. writes ``{"exit_code": n}`` or ``{"signal": n}`` to the status descriptor (when it has one)
-   and exits with the job's code (128 + the signal for a signalled job);
+   and exits with the job's code (128 + the signal for a signalled job); an attempt that failed
+   before the job's own code started is told apart (below);
 5. with ``--list-outputs``, before it exits, prints one line to stderr::
 
        gpulab job: outputs {"files": [["model.bin", 10], ...], "more": false}
@@ -28,7 +29,24 @@ ends the log with the run's outputs (step 5), since the hub cannot read the pod'
    takes the last such line of the pod's log as the attempt's outputs. The job could print a
    forged one: it lies about its own run's listing only (files she controls anyway, as locally).
 
-``notebook`` is the job of a notebook run: papermill executes the input with JSON-typed
+Failed before the job's code started. Some attempts fail where the job did nothing wrong: the
+notebook's kernel does not start within ``--kernel-start-timeout`` (nbclient's start-up wait;
+under load a kernel took longer than its 60 s default), the kernel dies before the first of the
+job's cells, or the job's process cannot be forked (EAGAIN, ENOMEM). The wrapper then prints one
+stderr line::
+
+    gpulab job: failed before the job's code started: the kernel did not start: ...
+
+exits with ``BEFORE_USER_CODE`` (75, sysexits' EX_TEMPFAIL) and writes
+``{"exit_code": 75, "platform_failure": true}`` to the status descriptor. The hub retries such
+an attempt without counting it against the run's ``max_retries`` (``gpulab.hub.jobs.runs``) and
+shows the line's cause as the attempt's reason (``platform_failure_cause``). A notebook's runner
+(``notebook`` below, gpulab's own code) reports its kernel's start this way; a script's exit
+code is the script's own, so a script that exits 75 has failed by itself. On Kubernetes the exit
+code and the line are the record (no status descriptor): the job could print the line itself,
+which lies only about its own run, for at most the few retries a run's platform failures get.
+
+``notebook`` (``notebook_job``) is the job of a notebook run: papermill executes the input with JSON-typed
 parameters (its ``parameters`` cell convention) into the output notebook, the cells' stdout and
 stderr going to the process's own, with one progress line per code cell on stdout::
 
@@ -58,13 +76,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,6 +91,18 @@ from gpulab.spawner.names import REPORT_SPEC_KEY
 #: exit codes of an attempt whose job could not be started (the shell's conventions)
 CANNOT_EXECUTE = 126
 NOT_FOUND = 127
+#: the exit code of an attempt that failed before the job's own code started (sysexits.h's
+#: EX_TEMPFAIL: a temporary failure, worth trying again)
+BEFORE_USER_CODE = 75
+#: the stderr line that says so, and why (after the prefix)
+PLATFORM_FAILURE_PREFIX = "gpulab job: failed before the job's code started: "
+#: the spec's key for a job whose runner is gpulab's own (a notebook's): its BEFORE_USER_CODE
+#: exit is the runner's report, not the job's
+RUNNER_REPORTS_START_KEY = "runner_reports_start"
+#: the kernel's start-up wait when the hub names none (nbclient's own default)
+DEFAULT_KERNEL_START_TIMEOUT_SECONDS = 60  # whole seconds: nbclient's startup_timeout is an int
+#: errors of fork/exec that say the machine was short of something, not that the job is wrong
+_PLATFORM_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM})
 
 #: the outputs line of ``--list-outputs`` (its prefix, after which the JSON follows)
 OUTPUTS_PREFIX = "gpulab job: outputs "
@@ -120,8 +150,27 @@ def _write_status(fd: int | None, status: dict[str, int]) -> None:
     os.close(fd)
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"gpulab job: {message}", file=sys.stderr, flush=True)
+
+
+def say_platform_failure(cause: str) -> None:
+    # one line whatever the cause holds: the hub reads the last such line of the log
+    line = " ".join(cause.split())[:300]
+    print(PLATFORM_FAILURE_PREFIX + line, file=sys.stderr, flush=True)
+
+
+def platform_failure_cause(log: bytes) -> str | None:
+    """The cause on the last ``PLATFORM_FAILURE_PREFIX`` line of an attempt's log (its end is
+    enough), or None when the log has none."""
+    marker = PLATFORM_FAILURE_PREFIX.encode()
+    at = log.rfind(b"\n" + marker)
+    if at < 0:
+        if not log.startswith(marker):
+            return None
+        at = -1
+    line = log[at + 1 + len(marker) :].split(b"\n", 1)[0]
+    return line.decode(errors="replace").strip() or "no cause given"
 
 
 def list_outputs(directory: str, limit: int = MAX_LISTED_OUTPUTS) -> tuple[list[list[Any]], bool]:
@@ -193,7 +242,7 @@ def _run(spec: dict[str, Any], status_fd: int | None, forward_signals: bool) -> 
                 json.dump(spec["parameters"], out, indent=1)
         os.chdir(spec["cwd"])
     except OSError as e:
-        _say(f"cannot prepare the run: {e.strerror}: {e.filename}")
+        say(f"cannot prepare the run: {e.strerror}: {e.filename}")
         _write_status(status_fd, {"exit_code": CANNOT_EXECUTE})
         return CANNOT_EXECUTE
     forward = _Forward() if forward_signals else None
@@ -203,8 +252,12 @@ def _run(spec: dict[str, Any], status_fd: int | None, forward_signals: bool) -> 
         # forwarding: the job leads a group of its own, which the wrapper signals (never itself)
         child = subprocess.Popen(spec["argv"], start_new_session=forward is not None)
     except OSError as e:
+        if e.errno in _PLATFORM_ERRNOS:  # the machine was short of processes or memory
+            say_platform_failure(f"cannot start {spec['argv'][0]}: {e.strerror}")
+            _write_status(status_fd, {"exit_code": BEFORE_USER_CODE, "platform_failure": True})
+            return BEFORE_USER_CODE
         code = NOT_FOUND if isinstance(e, FileNotFoundError) else CANNOT_EXECUTE
-        _say(f"cannot start {spec['argv'][0]}: {e.strerror}")
+        say(f"cannot start {spec['argv'][0]}: {e.strerror}")
         _write_status(status_fd, {"exit_code": code})
         return code
     if forward is not None:
@@ -216,6 +269,10 @@ def _run(spec: dict[str, Any], status_fd: int | None, forward_signals: bool) -> 
     if code < 0:
         _write_status(status_fd, {"signal": -code})
         return 128 - code
+    if code == BEFORE_USER_CODE and spec.get(RUNNER_REPORTS_START_KEY):
+        # gpulab's notebook runner said so (and printed why): the kernel never ran her cells
+        _write_status(status_fd, {"exit_code": code, "platform_failure": True})
+        return code
     _write_status(status_fd, {"exit_code": code})
     return code
 
@@ -231,275 +288,12 @@ def _start_report(report: Any) -> Any:
     try:
         from jupyterlab_gpulab.reporter import reporter_from_mapping
     except ImportError as e:
-        _say(f"GPU figures not reported: jupyterlab_gpulab is not installed here ({e})")
+        say(f"GPU figures not reported: jupyterlab_gpulab is not installed here ({e})")
         return None
     reporter = reporter_from_mapping({str(k): str(v) for k, v in report.items()})
     if reporter is not None:
         reporter.start_in_thread()
     return reporter
-
-
-# -- notebooks ---------------------------------------------------------------------------------
-
-
-def _first_line(source: str, width: int = 60) -> str:
-    line = next((s.strip() for s in source.splitlines() if s.strip()), "")
-    return line if len(line) <= width else line[: width - 3] + "..."
-
-
-#: what the kernel runs first, hidden from the output notebook: gpulab's checkpoint extension,
-#: which saves the kernel's variables on SIGTERM (and, resuming, restores them at load)
-CHECKPOINT_EXTENSION = "gpulab.spawner.singleuser.checkpoint.kernel"
-#: in the run's checkpoint directory, next to the kernel's checkpoint: the last code cell whose
-#: effects that checkpoint holds (written only after the kernel saved on SIGTERM)
-PROGRESS_FILE = "notebook-progress.json"
-#: the tag of that hidden cell
-HIDDEN_TAG = "gpulab-checkpoint-extension"
-#: the kernel's checkpoint slot under the run's checkpoint directory (one notebook per run)
-KERNEL_SLOT = "notebook"
-
-
-class _NotebookProgress:
-    """Which code cells ran, by their index in the parameterized notebook, and the progress
-    lines (``[cell k/N] ...``) a log reader sees. Cells are known by identity: the engine inserts
-    a hidden cell and stands raw cells in for skipped ones, which moves indices."""
-
-    def __init__(self, cells: list[Any], skip_through: int) -> None:
-        code = [i for i, cell in enumerate(cells) if cell.get("cell_type") == "code"]
-        self.total = len(code)
-        self.number = {id(cells[i]): n for n, i in enumerate(code, start=1)}
-        self.index = {id(cells[i]): i for i in code}
-        self.completed = skip_through  # the last code cell whose effects the kernel holds
-        self._started: dict[int, float] = {}
-        self._failed: set[int] = set()
-
-    def hook(self, nb_man: Any) -> None:
-        cell_start, cell_exception, cell_complete = (
-            nb_man.cell_start,
-            nb_man.cell_exception,
-            nb_man.cell_complete,
-        )
-
-        def on_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
-            if id(cell) in self.number:
-                self._started[id(cell)] = time.monotonic()
-                self._line(cell, _first_line(cell.get("source", "")) or "(empty)")
-            return cell_start(cell, cell_index, **kw)
-
-        def on_exception(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
-            self._failed.add(id(cell))
-            return cell_exception(cell, cell_index, **kw)
-
-        def on_complete(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
-            if id(cell) in self._started:
-                took = time.monotonic() - self._started.pop(id(cell))
-                failed = id(cell) in self._failed
-                self._line(cell, f"{'failed after' if failed else 'done in'} {took:.1f} s")
-                if not failed:
-                    self.completed = max(self.completed, self.index[id(cell)])
-            return cell_complete(cell, cell_index, **kw)
-
-        nb_man.cell_start, nb_man.cell_exception, nb_man.cell_complete = (
-            on_start,
-            on_exception,
-            on_complete,
-        )
-
-    def _line(self, cell: Any, text: str) -> None:
-        print(f"[cell {self.number[id(cell)]}/{self.total}] {text}", flush=True)
-
-
-def _read_progress(checkpoint_dir: str | None) -> int:
-    """The last code cell a previous attempt's checkpoint holds (-1: start afresh). The record is
-    taken (removed): if this attempt is killed before it saves again, the next one starts afresh
-    rather than resuming from a record that no longer matches the checkpoint."""
-    if not checkpoint_dir:
-        return -1
-    path = os.path.join(checkpoint_dir, PROGRESS_FILE)
-    try:
-        with open(path) as f:
-            completed = json.load(f)["completed"]
-        os.unlink(path)
-    except (OSError, ValueError, KeyError, TypeError):
-        return -1
-    return completed if isinstance(completed, int) else -1
-
-
-def _stat(pid: int | str) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...); None when the
-    process is gone. The name may hold spaces and parentheses: split after the last ')'."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _kernel_children() -> list[int]:
-    """This process's children: the kernel papermill started (in a session of its own, which a
-    signal to the attempt's session does not reach)."""
-    me = str(os.getpid())
-    return [
-        int(entry)
-        for entry in os.listdir("/proc")
-        if entry.isdigit() and (fields := _stat(entry)) is not None and fields[1] == me
-    ]
-
-
-def _stop_saving(progress: _NotebookProgress, checkpoint_dir: str | None, grace: float) -> None:
-    """SIGTERM (a cancel, a preemption, a node drain): the kernel saves its variables (its
-    checkpoint extension's SIGTERM handler) and exits; once it has, record which cells that
-    checkpoint holds, so that the next attempt restores it and goes on from the next cell. A
-    cell that was running reruns then, over the variables as it left them."""
-    kernels = _kernel_children()
-    for pid in kernels:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    # until reaped, not merely exited: a zombie left at our exit would go to an init that may
-    # never reap it, and it would still count as the attempt's process
-    while time.monotonic() < deadline and any(_stat(p) is not None for p in kernels):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(-1, os.WNOHANG)
-        time.sleep(0.05)
-    saved = kernels and not any(_alive(p) for p in kernels)
-    if saved and checkpoint_dir and progress.completed >= 0:
-        with contextlib.suppress(OSError):
-            tmp = os.path.join(checkpoint_dir, PROGRESS_FILE + ".tmp")
-            with open(tmp, "w") as f:
-                json.dump({"completed": progress.completed}, f)
-            os.replace(tmp, os.path.join(checkpoint_dir, PROGRESS_FILE))
-            _say(f"stopped: the kernel's checkpoint holds cells through {progress.completed}")
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def _stand_in(cell: Any, like: Any) -> Any:
-    """`cell` with the execution record papermill keeps on every cell (it sets it up before the
-    engine runs, and its hooks write to it)."""
-    record = like.get("metadata", {}).get("papermill")
-    if record is not None:
-        cell.metadata["papermill"] = {
-            k: None for k in ("exception", "start_time", "end_time", "duration")
-        } | {"status": "pending"}
-    return cell
-
-
-def _is_python(nb: Any, kernel_name: str) -> bool:
-    language = (nb.metadata.get("kernelspec") or {}).get("language") or (
-        nb.metadata.get("language_info") or {}
-    ).get("name")
-    return "python" in (language or kernel_name).lower()
-
-
-def run_notebook(
-    input_path: str,
-    output_path: str,
-    parameters_file: str,
-    kernel: str,
-    stop_grace_seconds: float = 8.0,
-) -> int:
-    """Execute a notebook with papermill; 0 when every cell ran, 1 when one raised. Resumes from
-    the kernel checkpoint a stopped attempt of the same run left (``GPULAB_CHECKPOINT_DIR``)."""
-    import nbformat as untyped_nbformat
-    import papermill
-    from papermill.engines import NBClientEngine, papermill_engines
-    from papermill.exceptions import PapermillExecutionError
-
-    from gpulab.spawner.names import AUTO_RESTORE_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_SLOT_ENV
-
-    nbformat: Any = untyped_nbformat  # no type hints of its own
-
-    checkpoint_dir = os.environ.get(CHECKPOINT_DIR_ENV) or None
-    resume_through = _read_progress(checkpoint_dir)
-    os.environ[CHECKPOINT_SLOT_ENV] = KERNEL_SLOT  # the kernel inherits these
-    if resume_through >= 0:
-        os.environ[AUTO_RESTORE_ENV] = "1"
-    else:
-        os.environ.pop(AUTO_RESTORE_ENV, None)
-    previous = None
-    if resume_through >= 0 and os.path.exists(output_path):
-        with contextlib.suppress(Exception):  # outputs to show again; the run goes on without
-            previous = nbformat.read(output_path, as_version=4)
-            previous.cells = [
-                c for c in previous.cells if HIDDEN_TAG not in c.get("metadata", {}).get("tags", [])
-            ]
-    state: dict[str, _NotebookProgress] = {}
-
-    def on_sigterm(signum: int, frame: object) -> None:
-        progress = state.get("progress")
-        if progress is not None:
-            _stop_saving(progress, checkpoint_dir, stop_grace_seconds)
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-
-    class ProgressEngine(NBClientEngine):
-        @classmethod
-        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, **kw: Any) -> Any:
-            cells = nb_man.nb.cells
-            progress = _NotebookProgress(list(cells), resume_through)
-            progress.hook(nb_man)
-            skipped = {}
-            for i, cell in enumerate(list(cells)):
-                if cell.get("cell_type") == "code" and i <= resume_through:
-                    skipped[i] = cell
-                    cells[i] = _stand_in(nbformat.v4.new_raw_cell(""), cell)
-            if skipped:
-                print(
-                    f"[resume] {len(skipped)} of {progress.total} code cells restored from the "
-                    "checkpoint of the stopped attempt",
-                    flush=True,
-                )
-            hidden = None
-            if _is_python(nb_man.nb, kernel_name):
-                # a kernel without gpulab (another environment) runs on, without checkpoints
-                hidden = nbformat.v4.new_code_cell(
-                    "try:\n"
-                    f"    get_ipython().run_line_magic('load_ext', {CHECKPOINT_EXTENSION!r})\n"
-                    "except Exception as e:\n"
-                    "    print('gpulab: no kernel checkpoints in this job:', e)"
-                )
-                _stand_in(hidden, cells[0])
-                # tagged: papermill saves the notebook after each cell, with this cell in it, and
-                # a stopped attempt leaves it so
-                hidden.metadata["tags"] = [HIDDEN_TAG]
-                cells.insert(0, hidden)
-            state["progress"] = progress
-            try:
-                return super().execute_managed_notebook(nb_man, kernel_name, **kw)
-            finally:
-                if hidden is not None:
-                    del cells[next(i for i, c in enumerate(cells) if c is hidden)]
-                for i, cell in skipped.items():
-                    if previous is not None and i < len(previous.cells):
-                        cell["outputs"] = previous.cells[i].get("outputs", [])
-                        cell["execution_count"] = previous.cells[i].get("execution_count")
-                    cell.setdefault("metadata", {})["gpulab"] = {"restored_from_checkpoint": True}
-                    cells[i] = cell
-
-    papermill_engines.register("gpulab-progress", ProgressEngine)
-    with open(parameters_file) as f:
-        parameters = json.load(f)
-    try:
-        papermill.execute_notebook(
-            input_path,
-            output_path,
-            parameters=parameters,
-            kernel_name=kernel,
-            engine_name="gpulab-progress",
-            progress_bar=False,
-            log_output=False,
-            stdout_file=sys.stdout,
-            stderr_file=sys.stderr,
-        )
-    except PapermillExecutionError as e:
-        _say(f"cell {e.exec_count} raised {e.ename}: {e.evalue} (see {output_path})")
-        return 1
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -527,6 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     nb.add_argument("output")
     nb.add_argument("--parameters-file", required=True)
     nb.add_argument("--kernel", default="python3")
+    nb.add_argument(
+        "--kernel-start-timeout",
+        type=int,
+        default=DEFAULT_KERNEL_START_TIMEOUT_SECONDS,
+        help="how long the kernel may take to start, in seconds (then: failed before the job's code)",
+    )
     args = parser.parse_args(argv)
     if args.command == "run":
         return run_wrapper(
@@ -536,7 +336,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             forward_signals=args.forward_signals,
             list_outputs_after=args.list_outputs,
         )
-    return run_notebook(args.input, args.output, args.parameters_file, args.kernel)
+    # the notebook's runner imports this module's exit codes: imported once a notebook runs, so
+    # that neither module needs the other to load (and a script's wrapper loads no papermill)
+    from gpulab.spawner.singleuser.notebook_job import run_notebook
+
+    return run_notebook(
+        args.input,
+        args.output,
+        args.parameters_file,
+        args.kernel,
+        kernel_start_timeout_seconds=args.kernel_start_timeout,
+    )
 
 
 if __name__ == "__main__":

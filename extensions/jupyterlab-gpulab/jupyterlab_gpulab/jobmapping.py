@@ -162,6 +162,8 @@ def status_message(run: Mapping[str, Any]) -> str:
         where = f"queued, position {position}" if position else "queued"
         why = run.get("waiting_reason") or run.get("reason") or ""
         return f"{where}: {why}" if why else where
+    if run.get("retrying"):
+        return f"retrying soon after attempt {len(attempts)}: {run.get('reason') or state}"
     if state in ("admitted", "running") and attempts:
         verb = "starting" if state == "admitted" else "running"
         return f"attempt {len(attempts)} {verb} on {attempts[-1]['gpus']}"
@@ -192,7 +194,8 @@ def describe(run: Mapping[str, Any], *, root_dir: str, home: str) -> dict[str, A
     spec = run["spec"]
     attempts = list(run.get("attempts") or [])
     started = next((a["started_at"] for a in attempts if a.get("started_at")), None)
-    status = STATUS_OF_STATE.get(str(run["state"]), FAILED)
+    # an ended attempt whose retry waits (a platform failure's back-off) is queued again soon
+    status = QUEUED if run.get("retrying") else STATUS_OF_STATE.get(str(run["state"]), FAILED)
     ended = run.get("updated_at") if status in (COMPLETED, FAILED, STOPPED) else None
     notebook = spec["kind"] == "notebook"
     files: list[dict[str, Any]] = []

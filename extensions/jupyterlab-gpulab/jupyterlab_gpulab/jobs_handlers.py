@@ -128,7 +128,8 @@ class RunsHandler(_JobsHandler):
 
 
 class ProfilesHandler(_JobsHandler):
-    """The owner's GPU profiles with what is free now and her quota (the hub's capacity)."""
+    """The owner's GPU profiles with what is free now, her quota, and why a job or a Dask
+    cluster of each would be refused now (the hub's capacity, the spawn picker's numbers)."""
 
     @web.authenticated
     async def get(self) -> None:
@@ -144,6 +145,12 @@ class ProfilesHandler(_JobsHandler):
                         "slug": p["slug"],
                         "label": jobmapping.compute_type_label(p, None),
                         "gpu": jobmapping.has_gpu(p),
+                        # what Submit would be refused for now ('' for nothing): the dialogs
+                        # disable the profile with it, as the spawn picker does
+                        "refused": {
+                            "job": str((p.get("refused") or {}).get("job") or ""),
+                            "dask": str((p.get("refused") or {}).get("dask") or ""),
+                        },
                     }
                     for p in capacity["profiles"]
                 ],

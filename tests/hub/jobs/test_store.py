@@ -264,6 +264,39 @@ def test_opening_the_store_again_keeps_one_schema_version(store_url):
         second.close()
 
 
+def test_a_database_of_schema_1_gains_the_platform_failure_of_its_attempts(store_url):
+    store = JobStore(store_url)
+    run = store.submit(make_spec())
+    store.transition(run.id, Admit(1.0, PLACEMENT), expected_state=RunState.QUEUED)
+    store.close()
+    engine = make_engine(store_url)
+    with engine.begin() as conn:  # the database as gpulab wrote it before the column
+        conn.execute(sa.text("ALTER TABLE gpulab_job_attempts DROP COLUMN platform_failure"))
+        conn.execute(sa.text("DELETE FROM gpulab_jobs_schema"))
+        conn.execute(sa.text("INSERT INTO gpulab_jobs_schema (version) VALUES (1)"))
+    engine.dispose()
+    again = JobStore(store_url)
+    try:
+        assert again.schema_version == SCHEMA_VERSION
+        admitted = again.get_run(run.id)
+        assert admitted.attempt is not None and not admitted.attempt.platform_failure
+        again.transition(run.id, Start(2.0), expected_state=RunState.ADMITTED)
+        failed = again.transition(
+            run.id,
+            Fail(3.0, reason="kernel did not start", platform_failure=True),
+            expected_state=RunState.RUNNING,
+        )
+        assert failed is not None
+        stored = again.get_run(run.id).attempt
+        assert (
+            stored is not None
+            and stored.platform_failure
+            and stored.reason == "kernel did not start"
+        )
+    finally:
+        again.close()
+
+
 def test_a_database_of_a_newer_schema_is_refused(store_url):
     JobStore(store_url).close()
     engine = make_engine(store_url)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from gpulab.hub.jobs import (
     FINAL_STATES,
     HOLDING_STATES,
+    PLATFORM_RETRIES,
     RETRYABLE_STATES,
     TRANSITIONS,
     Admit,
@@ -139,6 +140,51 @@ def test_preempted_attempts_do_not_count_against_max_retries():
     assert len(run.attempts) == 6
     assert run.counted_attempts == 1
     assert run.is_terminal  # max_retries=0: the one failure ends it, the preemptions did not
+
+
+def platform_failure(at: float) -> Fail:
+    return Fail(at, reason="failed before the job's code started: no kernel", platform_failure=True)
+
+
+def test_platform_failures_do_not_count_against_max_retries_up_to_their_own_bound():
+    run = new_run(max_retries=0)
+    for number in range(1, PLATFORM_RETRIES + 1):
+        run = transition(drive(run, Admit, Start), platform_failure(10.0 * number))
+        assert run.attempt is not None and run.attempt.platform_failure
+        assert run.counted_attempts == 0 and run.retry_allowed, number
+        run = transition(run, Retry(10.0 * number + 1))
+    run = transition(drive(run, Admit, Start), platform_failure(99.0))
+    assert run.platform_failures == PLATFORM_RETRIES + 1
+    assert run.counted_attempts == 1
+    assert run.is_terminal  # a platform that never starts the job still ends its run
+
+
+def test_lost_nodes_are_retried_without_counting_but_only_platform_retries_times():
+    run = new_run(max_retries=0)
+    for number in range(1, PLATFORM_RETRIES + 1):
+        lost = Preempt(10.0 * number, reason=f"node n{number} was lost", platform_failure=True)
+        run = transition(drive(run, Admit, Start), lost)
+        assert run.state is RunState.PREEMPTED and run.attempt is not None
+        assert run.attempt.platform_failure and run.counted_attempts == 0
+        assert run.retry_allowed, number
+        run = transition(run, Retry(10.0 * number + 1))
+    lost = Preempt(99.0, reason="node n9 was lost", platform_failure=True)
+    run = transition(drive(run, Admit, Start), lost)
+    assert run.counted_attempts == 1 and run.is_terminal  # a job that keeps losing its node ends
+    # a preemption for on-demand work is never the platform's failure: always retried
+    run = new_run(max_retries=0)
+    for number in range(1, PLATFORM_RETRIES + 3):
+        run = transition(drive(run, Admit, Start), Preempt(10.0 * number))
+        assert run.retry_allowed, number
+        run = transition(run, Retry(10.0 * number + 1))
+
+
+def test_the_jobs_own_failure_still_counts_after_platform_failures():
+    run = new_run(max_retries=1)
+    run = transition(transition(drive(run, Admit, Start), platform_failure(5.0)), Retry(6.0))
+    run = drive(run, Admit, Start, Fail, Retry, Admit, Start, Fail, start_at=10.0)
+    assert [a.platform_failure for a in run.attempts] == [True, False, False]
+    assert run.counted_attempts == 2 and run.is_terminal
 
 
 def test_a_run_waiting_for_its_retry_may_be_canceled_but_one_with_none_left_may_not():

@@ -93,3 +93,34 @@ def test_a_notebook_job_from_the_command_line(make_hub: Any) -> None:
     assert no_token.returncode == 1 and "no token" in no_token.stderr
     bad = job(hub, token, "submit", "nap.py", "--profile", "gpu-1", "-e", "NOEQUALS")
     assert bad.returncode == 1 and "--env: expected NAME=VALUE" in bad.stderr
+
+
+def test_a_list_into_a_pipe_whose_reader_has_gone_ends_quietly(make_hub: Any) -> None:
+    hub = make_hub(INVENTORY)
+    hub.create_user("alice")
+    hub.start_server("alice", profile="cpu")
+    put(hub, "alice", "nap.py", "import time\ntime.sleep(600)\n")
+    hub.stop_server("alice")
+    token = user_token(hub, "alice")
+    submitted = job(hub, token, "submit", "nap.py", "--profile", "gpu-1")
+    assert submitted.returncode == 0, submitted.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "GPULAB_"))}
+    env.update(GPULAB_HUB_URL=hub.url, GPULAB_TOKEN=token)
+    # `gpulab job list | head -0`: the reader is gone before the list is written
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        listed = subprocess.run(
+            [*GPULAB, "job", "list"],
+            env=env,
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+    assert listed.stderr == ""  # no BrokenPipeError traceback
+    assert listed.returncode == 128 + 13  # what a shell reports for a command ended by SIGPIPE
+    run_id = submitted.stdout.split()[1].rstrip(":")
+    assert job(hub, token, "cancel", run_id).returncode == 0

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import shutil
+import sys
 import textwrap
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -20,7 +22,7 @@ from traitlets.config import Config
 
 from gpulab.hub.allocator import NoCapacity, Request
 from gpulab.hub.capacity import GPUCapacity
-from gpulab.hub.jobs import JobSpec, JobStore, RunState
+from gpulab.hub.jobs import PLATFORM_RETRIES, JobSpec, JobStore, RunState
 from gpulab.hub.jobservice import JobRefused, JobService, allocation_id
 from gpulab.spawner.local.accounts import SystemAccount
 from gpulab.spawner.local.jobs import LocalJobExecutor, LocalJobRunner
@@ -60,7 +62,7 @@ def alice(make_account: Any) -> SystemAccount:
     return make_account("alice")
 
 
-Make = Callable[[], JobService]
+Make = Callable[..., JobService]
 
 
 @pytest.fixture
@@ -71,7 +73,7 @@ async def make_service(
     (a second call is the service of a restarted hub)."""
     made: list[tuple[JobService, JobStore]] = []
 
-    def make() -> JobService:
+    def make(kernel_start_timeout_seconds: int = 60) -> JobService:
         capacity = GPUCapacity(config=capacity_config)
         store = JobStore(f"sqlite:///{tmp_path / 'jobs.sqlite'}")
 
@@ -79,10 +81,19 @@ async def make_service(
             assert owner == "alice"
             return alice, alice.home
 
-        executor = LocalJobExecutor(
-            LocalJobRunner(runs_dir, grace_seconds=2.0), workspace_for, capacity.gpu_by_uuid
+        runner = LocalJobRunner(
+            runs_dir,
+            grace_seconds=2.0,
+            kernel_start_timeout_seconds=kernel_start_timeout_seconds,
         )
-        service = JobService(store, capacity, executor, admission_interval_seconds=0.5)
+        executor = LocalJobExecutor(runner, workspace_for, capacity.gpu_by_uuid)
+        service = JobService(
+            store,
+            capacity,
+            executor,
+            admission_interval_seconds=0.5,
+            platform_retry_backoff_seconds=0.1,
+        )
         made.append((service, store))
         return service
 
@@ -451,3 +462,85 @@ async def test_cancel_of_a_notebook_job_returns_only_when_its_kernel_is_gone_too
     canceled = await service.cancel(run.id)
     assert canceled.state is RunState.CANCELED
     assert processes_of(alice.uid) == []
+
+
+def slow_kernel(alice: SystemAccount, *, first_attempt_only: bool) -> None:
+    """Her own kernelspec "python3" (found before the built-in one, as Jupyter looks in the
+    user's data folder first): a kernel that sleeps 30 s before it starts, on every start or on
+    the first only (a marker file in her home says it slept)."""
+    marker = Path(alice.home) / ".slept-once"
+    sleep = (
+        f"[ -e {marker} ] || {{ touch {marker}; sleep 30; }}" if first_attempt_only else "sleep 30"
+    )
+    kernels = Path(alice.home) / ".local" / "share" / "jupyter" / "kernels" / "python3"
+    kernels.mkdir(parents=True, exist_ok=True)
+    argv = [
+        "/bin/sh",
+        "-c",
+        f'{sleep}; exec {sys.executable} -m ipykernel_launcher -f "$0"',
+        "{connection_file}",
+    ]
+    spec_file = kernels / "kernel.json"
+    spec_file.write_text(json.dumps({"argv": argv, "display_name": "slow", "language": "python"}))
+    for path in [spec_file, *spec_file.parents]:
+        if path == Path(alice.home):
+            break
+        shutil.chown(path, alice.uid, alice.gid)
+
+
+@pytest.mark.slow
+async def test_a_kernel_that_does_not_start_in_time_is_retried_as_the_platforms_failure(
+    make_service: Make, alice: SystemAccount
+) -> None:
+    # 10 s: a real kernel starts within it on a loaded machine, the sleeping one does not
+    service = make_service(kernel_start_timeout_seconds=10)
+    await service.start()
+    slow_kernel(alice, first_attempt_only=True)
+    path = notebook(alice, "train.ipynb", ["print('cell ran')"])
+    run = await service.submit(spec(path, kind="notebook", max_retries=0))
+    # a failed run waiting for its retry is not over: wait for its end
+    done = await wait_for_async("the run to end", lambda: _terminal(service, run.id), 120)
+    assert done.state is RunState.SUCCEEDED, done  # max_retries=0, and still a second attempt
+    first, *others = done.attempts
+    assert first.platform_failure and first.outcome is RunState.FAILED, first
+    assert first.exit_code == 75
+    assert first.reason.startswith("failed before the job's code started: the kernel did not")
+    assert "10 seconds" in first.reason, first.reason  # nbclient's "didn't respond in 10 seconds"
+    assert done.counted_attempts == 1  # the succeeded one only
+    assert all(a.platform_failure for a in others[:-1]) and not others[-1].platform_failure
+
+
+@pytest.mark.slow
+async def test_a_kernel_that_never_starts_ends_its_run_after_the_bounded_platform_retries(
+    make_service: Make, alice: SystemAccount
+) -> None:
+    service = make_service(kernel_start_timeout_seconds=1)
+    await service.start()
+    slow_kernel(alice, first_attempt_only=False)
+    path = notebook(alice, "train.ipynb", ["print('cell ran')"])
+    run = await service.submit(spec(path, kind="notebook", max_retries=0))
+    done = await wait_for_async("the run to end", lambda: _terminal(service, run.id), 120)
+    assert done.state is RunState.FAILED, done
+    assert len(done.attempts) == PLATFORM_RETRIES + 1, done.attempts
+    for attempt in done.attempts:
+        assert attempt.platform_failure, attempt
+        assert "didn't respond in 1 seconds" in attempt.reason, attempt.reason
+    assert done.max_retries == 0  # the run's own budget was never touched to get there
+
+
+async def test_a_cell_that_raises_is_the_jobs_own_failure_and_counts_against_max_retries(
+    make_service: Make, alice: SystemAccount
+) -> None:
+    service = make_service()
+    await service.start()
+    path = notebook(alice, "broken.ipynb", ["raise ValueError('her bug')"])
+    run = await service.submit(spec(path, kind="notebook", max_retries=1))
+    done = await wait_for_async("the run to end", lambda: _terminal(service, run.id), 120)
+    assert [a.platform_failure for a in done.attempts] == [False, False], done.attempts
+    assert [a.exit_code for a in done.attempts] == [1, 1]
+    assert done.counted_attempts == 2
+
+
+async def _terminal(service: JobService, run_id: int) -> Any:
+    run = await asyncio.to_thread(service.store.get_run, run_id)
+    return run if run.is_terminal else None

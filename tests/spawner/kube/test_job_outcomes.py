@@ -3,10 +3,11 @@ returns (their real shapes, as dicts) and its outputs from the end of the pod's 
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from gpulab.hub.jobs import Cancel, Fail, Preempt, Succeed, TimeOut
-from gpulab.spawner.kube.jobs import (
+from gpulab.spawner.kube.job_outcomes import (
     KubeOutcome,
     finished_outcome,
     job_finished,
@@ -41,7 +42,7 @@ def test_the_jobs_conditions_and_the_containers_exit_code_make_the_runs_event():
     assert gone.event(5.0) == Fail(5.0, reason="its Job failed (BackoffLimitExceeded)")
     assert KubeOutcome("canceled").event(5.0) == Cancel(5.0)
     lost = KubeOutcome("lost", "node gj-x was lost").event(5.0)
-    assert lost == Preempt(5.0, reason="node gj-x was lost")
+    assert lost == Preempt(5.0, reason="node gj-x was lost", platform_failure=True)
     assert KubeOutcome.from_dict({"kind": "failed", "reason": "r", "exit_code": 2}) == KubeOutcome(
         "failed", "r", 2
     )
@@ -69,3 +70,21 @@ def test_outputs_are_the_last_listing_line_of_the_log_and_nothing_else():
     assert outputs_from_log(b'gpulab job: outputs {"files":[["/etc/passwd",1],["../x",1]]}') == []
     # "a line" means at the start of one
     assert outputs_from_log(b'say gpulab job: outputs {"files":[["y",1]]}\n') == []
+
+
+def test_a_pod_that_failed_before_the_jobs_code_started_is_the_platforms_failure():
+    said = b"gpulab job: failed before the job's code started: the kernel did not start: late\n"
+    kernel = finished_outcome(job("Failed", "BackoffLimitExceeded"), pod({"exitCode": 75}), said)
+    assert kernel.event(5.0) == Fail(
+        5.0,
+        reason="failed before the job's code started: the kernel did not start: late",
+        exit_code=75,
+        platform_failure=True,
+    )
+    # a script's own exit 75, without the wrapper's line, is the script's failure
+    own = finished_outcome(job("Failed", "BackoffLimitExceeded"), pod({"exitCode": 75}), b"x\n")
+    assert own.event(5.0) == Fail(5.0, reason="exit code 75", exit_code=75)
+    evicted = {"status": {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}}
+    outcome = finished_outcome(job("Failed", "BackoffLimitExceeded"), evicted)
+    assert outcome.platform_failure and outcome.reason == "evicted by its node: low on memory"
+    assert KubeOutcome.from_dict(asdict(outcome)) == outcome  # as result.json keeps it

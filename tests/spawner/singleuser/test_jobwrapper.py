@@ -5,13 +5,17 @@ The local runner's use (descriptors) is tested with real accounts in tests/spawn
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import nbformat
+
 from gpulab.spawner.job_attempt import wrapper_spec
+from gpulab.spawner.singleuser.jobwrapper import platform_failure_cause
 
 WRAPPER = [sys.executable, "-I", "-m", "gpulab.spawner.singleuser.jobwrapper", "run"]
 
@@ -124,3 +128,58 @@ def test_list_outputs_ends_the_log_with_the_runs_files_without_following_symlink
     assert last.startswith("gpulab job: outputs "), done.stderr
     listing = json.loads(last.removeprefix("gpulab job: outputs "))
     assert listing == {"files": [["checkpoints/step.json", 2], ["model.bin", 10]], "more": False}
+
+
+def wrapped_status(tmp_path: Path, spec: Path) -> tuple[int, dict[str, object], str]:
+    """The wrapper run with a status descriptor, as the local runner runs it: its exit code,
+    the status it wrote and its stderr."""
+    status = tmp_path / "exit.json"
+    fd = os.open(status, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        done = subprocess.run(
+            [*WRAPPER, "--spec-file", str(spec), "--status-fd", str(fd)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            pass_fds=(fd,),
+        )
+    finally:
+        os.close(fd)
+    return done.returncode, json.loads(status.read_text()), done.stderr
+
+
+def test_a_scripts_own_exit_75_is_its_own_failure_and_not_the_platforms(tmp_path: Path):
+    spec = spec_file(tmp_path, "job.py", "raise SystemExit(75)")
+    code, status, _ = wrapped_status(tmp_path, spec)
+    assert (code, status) == (75, {"exit_code": 75})
+
+
+def test_a_notebook_whose_kernel_does_not_start_failed_before_the_jobs_code(tmp_path: Path):
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('never')")]
+    (home / "work" / "nb.ipynb").write_text(nbformat.writes(nb))
+    spec = wrapper_spec(
+        kind="notebook",
+        path="work/nb.ipynb",
+        home=str(home),
+        output_dir="gpulab-jobs/demo",
+        run_id=7,
+        python=sys.executable,
+        kernel_name="no-such-kernel",  # a kernel the machine cannot start at all
+    )
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    code, status, stderr = wrapped_status(tmp_path, path)
+    assert (code, status) == (75, {"exit_code": 75, "platform_failure": True}), stderr
+    cause = platform_failure_cause(stderr.encode())
+    assert cause is not None and cause.startswith("the kernel did not start: NoSuchKernel"), stderr
+
+
+def test_the_platform_failure_cause_is_the_last_such_line_of_the_log():
+    prefix = b"gpulab job: failed before the job's code started: "
+    assert platform_failure_cause(b"x\n" + prefix + b"a\n" + prefix + b"b\n") == "b"
+    assert platform_failure_cause(prefix + b"only") == "only"
+    assert platform_failure_cause(b"say " + prefix + b"not at a line's start\n") is None
+    assert platform_failure_cause(b"nothing\n") is None

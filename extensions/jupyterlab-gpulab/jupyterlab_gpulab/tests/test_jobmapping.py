@@ -92,6 +92,14 @@ def test_a_running_run_names_its_attempt_and_share_and_a_failed_one_its_reason()
     assert jobmapping.status_message(failed) == "exited with status 1"
 
 
+def test_a_failed_run_whose_retry_waits_is_queued_for_the_scheduler_not_failed() -> None:
+    reason = "failed before the job's code started: the kernel did not start"
+    waiting = hub_run("failed", reason=reason, retrying=True, attempts=[ATTEMPT])
+    job = jobmapping.describe(waiting, root_dir=HOME, home=HOME)
+    assert job["status"] == "QUEUED" and job["end_time"] is None
+    assert job["status_message"] == f"retrying soon after attempt 1: {reason}"
+
+
 def test_outputs_are_the_executed_notebook_and_files_as_paths_in_the_server() -> None:
     outputs = [
         {"path": "train.ipynb", "size_bytes": 900},

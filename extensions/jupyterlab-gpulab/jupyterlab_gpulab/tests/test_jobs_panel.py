@@ -90,7 +90,14 @@ def test_a_notebook_submitted_from_the_lab_runs_as_a_gpu_job_with_live_log_outpu
             timeout=30_000,
         )
         form.get_by_role("button", name="Create").click()
-        form.wait_for(state="detached", timeout=30_000)  # on to its job list: created
+        # on to its job list once created, or an error shown in the form (MUI's role=alert); the
+        # submission stages the notebook and asks the hub, which a loaded CI machine makes slow
+        page.wait_for_function(
+            "sel => !document.querySelector(sel) || document.querySelector(`${sel} [role=alert]`)",
+            arg=".jp-create-job-form",
+            timeout=120_000,
+        )
+        assert form.count() == 0, f"the form stayed, saying: {form.inner_text()}"
 
         # gpulab's panel, from the palette
         run_from_palette(page, "GPU Jobs")

@@ -14,12 +14,16 @@ export interface IAttempt {
   ended_at: number | null;
   exit_code: number | null;
   reason: string;
+  /** it failed before the job's code started: retried without counting against max_retries */
+  platform_failure?: boolean;
 }
 
 export interface IRun {
   id: number;
   state: string;
   reason: string;
+  /** its attempt ended and it will run again (a retry waiting out its back-off) */
+  retrying?: boolean;
   submitted_at: number;
   updated_at: number;
   queue_position?: number | null;
@@ -35,6 +39,11 @@ export interface IRun {
 
 /** States a run can still leave (the hub queues a preempted run again). */
 export const ACTIVE_STATES = new Set(['queued', 'admitted', 'running', 'preempted']);
+
+/** Whether the run may still change: an active state, or an ended attempt whose retry waits. */
+export function isActive(run: Pick<IRun, 'state' | 'retrying'>): boolean {
+  return ACTIVE_STATES.has(run.state) || run.retrying === true;
+}
 
 async function call<T>(path: string, init: RequestInit = {}): Promise<T> {
   const settings = ServerConnection.makeSettings();
@@ -94,6 +103,38 @@ export interface IProfileChoice {
   label: string;
   /** whether it gives a GPU (the dialog opens on the first that does) */
   gpu: boolean;
+  /** why a job or a Dask cluster of it would be refused if submitted now ('' for none) */
+  refused: { job: string; dask: string };
+}
+
+/**
+ * The profile picker of the job and Dask dialogs, marked as the spawn picker marks its list: a
+ * profile a submission of `kind` would be refused for is disabled (it cannot be picked), with the
+ * reason in its label and title. Opens on the first GPU profile that may be picked (else the
+ * first that may be).
+ */
+export function profileSelect(
+  profiles: IProfileChoice[],
+  kind: 'job' | 'dask',
+  testId: string
+): HTMLSelectElement {
+  const select = document.createElement('select');
+  select.className = 'jp-mod-styled';
+  select.dataset.testid = testId;
+  for (const p of profiles) {
+    const refused = p.refused?.[kind] ?? '';
+    const option = new Option(refused ? `${p.label} (${refused})` : p.label, p.slug);
+    option.disabled = refused !== '';
+    option.title = refused;
+    option.dataset.refused = refused;
+    select.append(option);
+  }
+  const open = profiles.filter(p => !(p.refused?.[kind] ?? ''));
+  const first = open.find(p => p.gpu) ?? open[0];
+  if (first) {
+    select.value = first.slug;
+  }
+  return select;
 }
 
 export async function listProfiles(): Promise<{

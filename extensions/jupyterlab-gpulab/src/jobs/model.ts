@@ -4,7 +4,7 @@
  * seen active (or submitted while the page was open) that ends raises `ended` (the plugin turns it into a notification).
  */
 import { ISignal, Signal } from '@lumino/signaling';
-import { ACTIVE_STATES, IRun, listRuns } from './api';
+import { IRun, isActive, listRuns } from './api';
 
 const FAST_MS = 3000;
 const SLOW_MS = 30000;
@@ -30,27 +30,50 @@ export class JobsModel {
     void this.refresh();
   }
 
+  /**
+   * The state a run's log stream reports with each piece (the hub's, when it sent the piece):
+   * shown at once rather than at the next poll, and the list is asked again for the rest.
+   */
+  follow(id: number, state: string): void {
+    const run = this._runs.find(r => r.id === id);
+    if (!run || run.state === state) {
+      return;
+    }
+    this._runs = this._runs.map(r => (r.id === id ? { ...r, state } : r));
+    this._changed.emit();
+    void this.refresh();
+  }
+
   async refresh(): Promise<void> {
     clearTimeout(this._timer);
+    // only the latest request's answer is shown: an earlier one still on its way (a poll, or the
+    // refresh of a submit) would bring back a state the run has left
+    const request = ++this._request;
     try {
       const runs = await listRuns();
+      if (request !== this._request) {
+        return; // a later refresh answers for it, and sets the next poll
+      }
       for (const run of runs) {
-        const before = this._states.get(run.id);
+        const before = this._active.get(run.id);
         // ended since last seen active, or submitted while this page was open and already over
-        const wasActive = before ? ACTIVE_STATES.has(before) : run.submitted_at >= this._since;
-        if (wasActive && !ACTIVE_STATES.has(run.state)) {
+        const wasActive = before ?? run.submitted_at >= this._since;
+        if (wasActive && !isActive(run)) {
           this._ended.emit(run);
         }
-        this._states.set(run.id, run.state);
+        this._active.set(run.id, isActive(run));
       }
       this._runs = runs;
       this._error = '';
     } catch (reason) {
+      if (request !== this._request) {
+        return;
+      }
       this._error = String((reason as Error).message ?? reason);
     }
     this._changed.emit();
     // a hidden tab asks slowly: nobody reads it, and each request is traffic through the proxy
-    const active = this._runs.some(r => ACTIVE_STATES.has(r.state)) && !document.hidden;
+    const active = this._runs.some(isActive) && !document.hidden;
     this._timer = setTimeout(
       () => void this.refresh(),
       active || this.watching ? FAST_MS : SLOW_MS
@@ -60,8 +83,9 @@ export class JobsModel {
   private readonly _since = Date.now() / 1000;
   private _runs: IRun[] = [];
   private _error = '';
-  private _states = new Map<number, string>();
+  private _active = new Map<number, boolean>();
   private _timer: ReturnType<typeof setTimeout> | undefined;
+  private _request = 0;
   private _changed = new Signal<this, void>(this);
   private _ended = new Signal<this, IRun>(this);
 }

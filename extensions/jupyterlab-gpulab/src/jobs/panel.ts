@@ -9,7 +9,7 @@
 import { Notification } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 import { gpuIcon } from '../monitor/icon';
-import { ACTIVE_STATES, IRun, cancelRun, getRun, logStreamUrl, rerun } from './api';
+import { IRun, cancelRun, getRun, isActive, logStreamUrl, rerun } from './api';
 import { JobsModel } from './model';
 
 export const JOBS_PANEL_ID = 'gpulab-gpu-jobs';
@@ -140,7 +140,7 @@ export class GpuJobsPanel extends Widget {
 
     const actions = document.createElement('div');
     actions.className = 'gpulab-job-actions';
-    const active = ACTIVE_STATES.has(run.state);
+    const active = isActive(run);
     actions.append(
       button('Cancel', 'gpulab-job-cancel', !active, async () => {
         await cancelRun(run.id);
@@ -204,9 +204,13 @@ export class GpuJobsPanel extends Widget {
   private _openLog(id: number): void {
     const source = new EventSource(logStreamUrl(id));
     source.onmessage = event => {
-      const piece = JSON.parse(event.data) as { attempt: number; data: string };
+      const piece = JSON.parse(event.data) as { attempt: number; data: string; state?: string };
       this._log.textContent += piece.data;
       this._log.scrollTop = this._log.scrollHeight;
+      if (piece.state) {
+        // the badge shows the state the log is in, not the list's last poll
+        this._model.follow(id, piece.state);
+      }
     };
     source.addEventListener('end', () => source.close());
     this._source = source;

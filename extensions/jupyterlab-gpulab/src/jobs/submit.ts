@@ -6,7 +6,7 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 import { fetchBudget, IBudgetReply, showBudget } from '../budget/api';
-import { IProfileChoice, IRun, listProfiles, submitFile } from './api';
+import { IProfileChoice, IRun, listProfiles, profileSelect, submitFile } from './api';
 
 export const SUBMITTABLE = /\.(py|sh|ipynb)$/;
 
@@ -22,16 +22,7 @@ class SubmitForm extends Widget {
     this.node.dataset.testid = 'gpulab-submit-form';
     const what = document.createElement('p');
     what.textContent = `Run ${path} as a GPU job, outside this server.`;
-    this._profile = document.createElement('select');
-    this._profile.className = 'jp-mod-styled';
-    this._profile.dataset.testid = 'gpulab-submit-profile';
-    for (const p of profiles) {
-      this._profile.append(new Option(p.label, p.slug));
-    }
-    const gpu = profiles.find(p => p.gpu);
-    if (gpu) {
-      this._profile.value = gpu.slug;
-    }
+    this._profile = profileSelect(profiles, 'job', 'gpulab-submit-profile');
     const quotaLine = document.createElement('p');
     quotaLine.textContent = quota ?? '';
     const budgetLine = document.createElement('p');
