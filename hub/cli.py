@@ -1,5 +1,6 @@
-"""The `gpulab` command: run the embedded hub from a state directory (`run`), GPU jobs on a hub
-(`job`, `cli_jobs`), the dev cluster (`dev-cluster`)."""
+"""The `gpulab` command: run the embedded hub from a state directory (`run`), stop it with
+everything it started (`stop`, `gpulab.hub.stop`), GPU jobs on a hub (`job`, `cli_jobs`), the dev
+cluster (`dev-cluster`)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ def run(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def stop(args: argparse.Namespace) -> int:
+    from gpulab.hub.stop import stop as stop_everything
+
+    return stop_everything(Path(args.state_dir).resolve(), args.timeout_seconds)
+
+
 def _add_dev_cluster(p: argparse.ArgumentParser) -> None:
     try:
         from gpulab.devcluster import cli as dev_cluster
@@ -73,14 +80,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="an extra JupyterHub config file (profiles, quotas...)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed on to jupyterhub")
     p.set_defaults(func=run)
+    s = sub.add_parser(
+        "stop",
+        help="stop the hub and everything it started: every user's server, kernels, "
+        "code-server, Dask clusters and jobs (a signal to the hub stops the hub alone)",
+    )
+    s.add_argument("--state-dir", default=str(_default_state_dir()))
+    s.add_argument(
+        "--timeout-seconds",
+        type=float,
+        default=120.0,
+        help="how long the hub may take to stop its servers before it is killed",
+    )
+    s.set_defaults(func=stop)
     j = sub.add_parser("job", help="GPU jobs on a hub: submit, list, show, logs, cancel")
     cli_jobs.add_arguments(j)
     d = sub.add_parser(
         "dev-cluster", help="a local Kubernetes control plane with simulated GPU nodes"
     )
     _add_dev_cluster(d)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args))
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (`gpulab job list | head`): stop quietly, as Unix
+    tools do (Python ignores SIGPIPE and raises instead). Whatever is still buffered goes to
+    /dev/null, so that the flush at exit does not raise it again; the exit status is the one a
+    shell reports for a command killed by SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import socket
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from jupyterhub.app import JupyterHub
 from jupyterhub.auth import Authenticator
@@ -97,6 +97,17 @@ gpulab_handlers: list[tuple[str, type[Any]]] = [
 ]
 
 
+@runtime_checkable
+class ChecksHubStart(Protocol):
+    """A spawner class with conditions the machine must meet before any server can start
+    (optional capability): the hub refuses to start while one is not met."""
+
+    @classmethod
+    def hub_start_problems(cls, config: Any) -> list[str]:
+        """What is wrong, each with its fix (empty: nothing)."""
+        ...
+
+
 class GPULabHubHooks(Authenticator):
     """What gpulab needs from the hub's authenticator, for any authenticator class.
 
@@ -110,6 +121,7 @@ class GPULabHubHooks(Authenticator):
         # the hub's logger (spawners and handlers log there): a refused spawn is one line
         install_quiet_refusals(self.log)
         self.check_gpu_configuration()
+        self.check_spawner_prerequisites()
         self.attach_job_service()
 
     def validate_username(self, username: str) -> bool:
@@ -156,6 +168,19 @@ class GPULabHubHooks(Authenticator):
         ) as e:
             self.log.critical("gpulab configuration error: %s", e)
             raise SystemExit(1) from None
+
+    def check_spawner_prerequisites(self) -> None:
+        """The hub's spawner class's conditions (`ChecksHubStart`), checked at hub start: a
+        machine where no server could start stops the hub with the reason and the fix, instead
+        of failing every start (an authenticator made outside a hub checks nothing)."""
+        app = self.parent
+        if not isinstance(app, JupyterHub) or not isinstance(app.spawner_class, ChecksHubStart):
+            return
+        problems = app.spawner_class.hub_start_problems(self.config)
+        for problem in problems:
+            self.log.critical("gpulab configuration error: %s", problem)
+        if problems:
+            raise SystemExit(1)
 
     def get_handlers(self, app: Any) -> list[Any]:
         return server_handler_overrides + list(super().get_handlers(app))
@@ -389,6 +414,7 @@ def apply(c: Config) -> None:
 
 
 __all__ = [
+    "ChecksHubStart",
     "GPULab",
     "GPULabHubHooks",
     "apply",

@@ -126,6 +126,12 @@ if c.JupyterHub.spawner_class in (
         _vars["announcement"] = " ".join(filter(None, [_warning, _vars.get("announcement")]))
         c.JupyterHub.template_vars = _vars
 
+# `gpulab stop` stops the hub with every server (a signal stops the hub alone: see cleanup_servers
+# above): its token, worth the `shutdown` scope alone, in a 0600 file of the state directory
+from gpulab.hub.stop import add_stop_service  # noqa: E402
+
+add_stop_service(c, os.getcwd())
+
 # Last: gpulab's REST endpoints, pages and server checks, for whichever authenticator the admin's
 # config chose (the same call a cluster deployment's config ends with; see gpulab.hub.config)
 apply(c)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 #: directories in the state directory that users pass through to reach their own entries
@@ -40,3 +41,40 @@ def secure_state_dir(path: str | os.PathLike[str]) -> list[str]:
             os.chmod(entry, want)
             changed.append(f"{entry} {oct(stat.S_IMODE(st.st_mode))} -> {oct(want)}")
     return changed
+
+
+def untraversable_ancestors(path: str | os.PathLike[str]) -> list[Path]:
+    """The directories on the way to `path` (its existing ancestors and itself, as written and
+    as the links in it resolve) that accounts other than their owner and group cannot pass
+    through: no search bit for others. A server's account is neither the owner nor in the
+    group of the directories above the hub's state (a `mktemp -d` parent is 0700 root)."""
+    given = Path(os.path.abspath(path))
+    blocked: list[Path] = []
+    for candidate in (given, given.resolve()):
+        for directory in [*reversed(candidate.parents), candidate]:
+            try:
+                st = os.stat(directory)
+            except FileNotFoundError:
+                break  # made later by the hub, with a mode users pass (secure_state_dir)
+            passable = not stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXOTH
+            if not passable and directory not in blocked:
+                blocked.append(directory)
+    return blocked
+
+
+def unreachable_message(roots: Mapping[str, str | os.PathLike[str]]) -> str | None:
+    """Why user accounts cannot reach what `roots` holds for them ({"homes": "/srv/x/homes"})
+    and the fix, or None when they can."""
+    blocked: list[Path] = []
+    for root in roots.values():
+        blocked += [d for d in untraversable_ancestors(root) if d not in blocked]
+    if not blocked:
+        return None
+    where = ", ".join(f"{what} under {root}" for what, root in roots.items())
+    modes = ", ".join(f"{d} (mode {stat.S_IMODE(os.stat(d).st_mode):04o})" for d in blocked)
+    dirs = " ".join(str(d) for d in blocked)
+    return (
+        f"user accounts cannot reach their {where}: other accounts may not pass through "
+        f"{modes}. Run `chmod o+x {dirs}` (search only: nothing becomes listable or "
+        "readable), or put the hub's state directory elsewhere (gpulab run --state-dir)"
+    )

@@ -4,12 +4,15 @@
   another (renamed) server keeps: refused with a 400 before JupyterHub creates its record.
 - A named server whose first start is refused (a 4xx from `apply_user_options` or `start`: unknown
   profile, quota, no capacity) leaves no record behind, so it does not count against
-  `named_server_limit_per_user`. The default server's record stays: JupyterHub creates it for
+  `named_server_limit_per_user` and no listing (the admin page's included) shows it; a refusal
+  that comes after JupyterHub answered (202, the pending page) removes it as soon as it comes. The default server's record stays: JupyterHub creates it for
   every user anyway (`user.spawner`) and the home page needs it.
 - The spawn API's body is capped at `MAX_BODY_BYTES` (413) before JupyterHub parses it.
 - A start through the API without options (an empty body, as VS Code's JupyterHub extension
   sends) gets a profile chosen on purpose (`start_options_for_empty_body`), never the options of
-  the server's last start, which JupyterHub's `User.spawn` would load.
+  the server's last start, which JupyterHub's `User.spawn` would load. Only where the spawner
+  takes gpulab's profiles (`ChoosesGPULabProfiles`): a stock KubeSpawner would refuse a profile
+  it does not list (a 500), and an upstream `profile_list` has a default of its own.
 
 These subclasses are returned first by the hub's authenticator's `get_handlers`, whose routes
 JupyterHub matches before its own: `gpulab.hub.config.apply(c)` extends whichever authenticator
@@ -20,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.handlers.pages import SpawnHandler, SpawnPendingHandler
@@ -95,9 +99,26 @@ def is_first_start(user: Any, server_name: str) -> bool:
     return bool(getattr(user.spawners[server_name], NEVER_STARTED, False))
 
 
-def _follow_first_start(user: Any, server_name: str) -> None:
+#: why the latest first starts were refused in the background, by (user, server): their records
+#: are gone by the time the person opens the pending page, which still says why
+RECENT_REFUSALS: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
+RECENT_REFUSALS_KEPT = 256
+
+
+def _remember_refusal(user_name: str, server_name: str, error: Any) -> None:
+    key = (user_name, server_name)
+    RECENT_REFUSALS.pop(key, None)
+    RECENT_REFUSALS[key] = (int(error.status_code), str(error.log_message or error))
+    while len(RECENT_REFUSALS) > RECENT_REFUSALS_KEPT:
+        RECENT_REFUSALS.popitem(last=False)
+
+
+def _follow_first_start(handler: Any, user: Any, server_name: str) -> None:
     """A first start under way (or a form shown for one): remember that the record is new, and
-    mark it refused if its start, going on in the background, ends in a 4xx."""
+    forget it as soon as its start, going on in the background, ends in a 4xx: a client that
+    got 202 and the admin page then list nothing of it (a pending page or progress stream
+    already open holds the spawner and still reports the refusal; one opened later reads
+    RECENT_REFUSALS)."""
     if server_name not in user.orm_spawners:
         return
     spawner = user.spawners[server_name]
@@ -111,10 +132,20 @@ def _follow_first_start(user: Any, server_name: str) -> None:
             return
         if is_expected_refusal(done.exception()):
             setattr(spawner, REFUSED_FIRST_START, True)
+            _remember_refusal(user.name, server_name, done.exception())
+            # handler.db is the hub's one session and handler.log its logger: both outlive
+            # the request that started this
+            task = asyncio.ensure_future(forget_refused_start(handler, user, server_name))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
         elif done.exception() is None:
             setattr(spawner, NEVER_STARTED, False)
 
     future.add_done_callback(ended)  # also when it has ended already (then it runs next)
+
+
+#: forgetting tasks under way (the loop keeps only weak references to tasks)
+_BACKGROUND: set[asyncio.Future[Any]] = set()
 
 
 def _forget_refused_servers(handler: Any, user: Any) -> None:
@@ -140,6 +171,26 @@ def start_options_for_empty_body(
     if default is None:
         return {}, "no profile is available"
     return {"profile": default.slug}, "the default profile"
+
+
+@runtime_checkable
+class ChoosesGPULabProfiles(Protocol):
+    """A spawner class whose starts take one of gpulab's profiles (`GPUCapacity.profiles`):
+    every gpulab spawner says so here (the hub imports no spawner code). Any other spawner class,
+    such as a stock KubeSpawner hub that loads gpulab's config, gets a start's options as
+    JupyterHub passes them."""
+
+    @classmethod
+    def chooses_gpulab_profiles(cls, config: Any) -> bool:
+        """Whether, with the hub's `config`, a start of this class takes a gpulab profile (a
+        Kubernetes spawner with an upstream `profile_list` does not)."""
+
+
+def takes_gpulab_profiles(spawner_class: Any, config: Any) -> bool:
+    """Whether the hub's `JupyterHub.spawner_class` starts servers with gpulab's profiles."""
+    return isinstance(spawner_class, ChoosesGPULabProfiles) and bool(
+        spawner_class.chooses_gpulab_profiles(config)
+    )
 
 
 class _ServerChecks:
@@ -170,6 +221,8 @@ class GPULabUserServerAPIHandler(_ServerChecks, UserServerAPIHandler):
         body: dict[str, Any] = super().get_server_json_body()
         if self.request.method != "POST" or body.get("user_options") is not None:
             return body
+        if not takes_gpulab_profiles(self.settings["spawner_class"], self.settings["config"]):
+            return body  # JupyterHub's own behaviour: not gpulab's spawner, nor its profiles
         user = self.find_user(self.path_args[0]) if self.path_args else None
         if user is None:
             return body  # JupyterHub answers 404
@@ -197,7 +250,7 @@ class GPULabUserServerAPIHandler(_ServerChecks, UserServerAPIHandler):
                 await forget_refused_start(self, user, server_name)
             raise
         if first:
-            _follow_first_start(user, server_name)
+            _follow_first_start(self, user, server_name)
 
     async def patch(self, user_name: str, server_name: str = "") -> None:
         body = self.get_json_body() if not server_name else None
@@ -236,7 +289,7 @@ class GPULabSpawnHandler(_ServerChecks, SpawnHandler):
             if 400 <= self.get_status() < 500:  # the form came back with the reason
                 await forget_refused_start(self, user, server_name)
             else:  # the form for a new server, or its start going on behind the pending page
-                _follow_first_start(user, server_name)
+                _follow_first_start(self, user, server_name)
         return result
 
     async def _get(self, user_name: str, server_name: str, display_name: str) -> Any:
@@ -257,8 +310,18 @@ class GPULabSpawnPendingHandler(SpawnPendingHandler):
     server's record (it never ran)."""
 
     async def get(self, user_name: str, server_name: str = "") -> None:
-        await super().get(user_name, server_name)
         user = self.find_user(user_name)
+        try:
+            # JupyterHub's checks first: only who may see this server's page reads its refusal
+            await super().get(user_name, server_name)
+        except web.HTTPError as e:
+            refused = RECENT_REFUSALS.get((user_name, server_name)) if server_name else None
+            if e.status_code != 404 or refused is None or user is None:
+                raise
+            if server_name in user.orm_spawners:
+                raise
+            status, message = refused
+            raise web.HTTPError(status, message) from None  # its record is gone already
         spawner = user.spawners[server_name] if user and server_name in user.spawners else None
         if spawner is not None and getattr(spawner, REFUSED_FIRST_START, False):
             await forget_refused_start(self, user, server_name)

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.spawner.singleuser.checkpoint.prepare import prepare
+from gpulab.spawner.singleuser.lab_start import pin_npm_registry
 
 #: modules a server imports before it serves (the single-user app, Jupyter Server, JupyterLab);
 #: enabled server extensions are added from the Jupyter config
@@ -85,7 +86,10 @@ def enabled_extension_modules() -> list[str]:
 
 def warm_imports() -> list[str]:
     """Import what a server imports; the names that imported (a failure is the server's to
-    report when it starts: nothing is gained or lost by it here)."""
+    report when it starts: nothing is gained or lost by it here). JupyterLab's registry is
+    pinned first, as a cold start's configuration does (`lab_start`): no yarn run at refill;
+    the claim's configuration pins it again from her environment."""
+    pin_npm_registry()
     done = []
     for name in [*WARM_MODULES, *enabled_extension_modules()]:
         with contextlib.suppress(Exception):

@@ -208,3 +208,35 @@ async def test_a_refusal_waits_for_jupyterhub_to_end_the_start_before_forgetting
     assert not forget_unstarted_server(handler, user, "big")  # what the handlers did before
     assert await forget_refused_start(handler, user, "big")
     assert deleted == [orm_spawner] and "big" not in user.spawners
+
+
+def test_a_first_start_refused_after_a_202_leaves_no_record_without_another_request(make_hub):
+    # the refusal comes after JupyterHub answered (slow_spawn_timeout 0, as a start slower than
+    # it, a busy hub's): no later request of hers may be needed for the record to go
+    import sqlite3
+
+    from tests.harness.wait import wait_for
+
+    overlay = merged(TWO_A100)
+    overlay.JupyterHub.tornado_settings.update({"slow_spawn_timeout": 0})
+    hub = make_hub(overlay)
+    hub.create_user("bob")
+    r = hub.spawn("bob", "big", profile="gpu-2")
+    assert r.status_code == 202, r.text
+
+    def admin_page_lists_big() -> bool:
+        # what /hub/admin shows: every user with her servers, stopped ones included
+        r = hub.api("GET", "/users", params={"include_stopped_servers": "1"})
+        return any("big" in user["servers"] for user in r.json())
+
+    wait_for("the refused server's record to go", lambda: "big" not in _servers(hub, "bob"))
+    assert not admin_page_lists_big()
+    with sqlite3.connect(hub.state_dir / "jupyterhub.sqlite") as db:
+        assert db.execute("SELECT count(*) FROM spawners WHERE name = 'big'").fetchone() == (0,)
+    assert hub.allocations() == {}
+    # her pending page still says why, and makes no record
+    admin = hub.login("admin", hub.admin_password())
+    page = admin.get("/hub/spawn-pending/bob/big")
+    assert page.status_code == 403
+    assert "GPU quota exceeded: User &#39;bob&#39; asks for 2 GPUs" in page.text
+    assert "big" not in _servers(hub, "bob")

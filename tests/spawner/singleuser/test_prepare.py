@@ -14,6 +14,7 @@ import pytest
 from gpulab.spawner.singleuser.checkpoint.environment import STARTUP_FILE, user_site
 from gpulab.spawner.singleuser.checkpoint.prepare import container_env
 from gpulab.spawner.singleuser.checkpoint.secret import load_or_create_secret
+from gpulab.spawner.singleuser.lab_start import CONFIG_DIR
 
 SHOW_ENV = "import json, os; print(json.dumps(dict(os.environ)))"
 
@@ -53,6 +54,8 @@ def test_prepare_readies_the_home_then_runs_the_server_command_with_its_environm
     # what the spawner set is kept, the rest filled in
     assert seen["GPULAB_CHECKPOINT_DIR"] == env["GPULAB_CHECKPOINT_DIR"]
     assert seen["IPYTHONDIR"] == str(home / ".ipython")
+    # gpulab's Jupyter configuration first (lab_start: JupyterLab starts without running yarn)
+    assert seen["JUPYTER_CONFIG_PATH"].split(os.pathsep)[0] == str(CONFIG_DIR)
 
 
 def test_outside_a_virtualenv_pip_installs_into_the_user_base(tmp_path: Path) -> None:
