@@ -42,12 +42,21 @@ def task_key(r: Request, with_memory: bool = False) -> TaskKey:
 
 
 def typical_tasks(
-    requests: Iterable[Request], popularity: float = 0.95, with_memory: bool = False
+    requests: Iterable[Request],
+    popularity: float = 0.95,
+    with_memory: bool = False,
+    demand_popularity: float | None = None,
 ) -> tuple[TaskType, ...]:
     """The most common task kinds covering ``popularity`` of ``requests``, weights renormalised.
 
     As the FGD paper: kinds sorted by count (descending), added one at a time until their
     cumulative share reaches ``popularity``; CPU-only tasks are included.
+
+    ``demand_popularity`` (None: the paper's cut alone) also keeps the kinds carrying that share
+    of the GPU demand, largest demand first. A kind few by count but large by size (8-GPU pods
+    in many CPU and memory sizes, each a fraction of a percent of the pods) falls below the
+    count cut although it asks for a good part of the GPUs; without it the mix would hold no
+    reason to keep whole nodes free. Weights stay shares of arrivals among the kinds kept.
     """
     counts: Counter[TaskKey] = Counter()
     for r in requests:
@@ -60,14 +69,26 @@ def typical_tasks(
         key=lambda kv: (kv[1], kv[0][0], kv[0][3], kv[0][2], kv[0][1], sorted(kv[0][4])),
         reverse=True,
     )
-    chosen: list[tuple[TaskKey, int]] = []
+    chosen: dict[TaskKey, int] = {}
     cum = 0
     for key, n in ranked:
         if cum >= popularity * total:
             break
-        chosen.append((key, n))
+        chosen[key] = n
         cum += n
+    if demand_popularity is not None:
+        demand = {key: n * key[2] * key[3] for key, n in ranked}
+        gpu_total = sum(demand.values())
+        covered = 0
+        # a stable sort of the count ranking: equal demand keeps the order above
+        for key, n in sorted(ranked, key=lambda kv: demand[kv[0]], reverse=True):
+            if covered >= demand_popularity * gpu_total:
+                break
+            covered += demand[key]
+            if key not in chosen:
+                chosen[key] = n
+                cum += n
     return tuple(
         TaskType(cpu, mem, num, milli, models, n / cum)
-        for (cpu, mem, num, milli, models), n in chosen
+        for (cpu, mem, num, milli, models), n in chosen.items()
     )

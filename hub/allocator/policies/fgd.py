@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import ClassVar
 
 from ..frag import FragModel
 from ..model import Request
@@ -35,6 +36,8 @@ class FGD(ScoredPolicy):
 
     name = "fgd"
     with_memory = False
+    #: ``typical_tasks``' cut by GPU demand beside the paper's by count (None: the paper's only)
+    demand_popularity: ClassVar[float | None] = None
 
     def __init__(
         self,
@@ -50,6 +53,13 @@ class FGD(ScoredPolicy):
         self._next_refit = 16
         self.set_workload(workload or ())
 
+    @classmethod
+    def mix_of(cls, requests: Iterable[Request]) -> tuple[TaskType, ...]:
+        """The task mix this policy targets for ``requests`` (what it learns from them)."""
+        return typical_tasks(
+            requests, with_memory=cls.with_memory, demand_popularity=cls.demand_popularity
+        )
+
     def set_workload(self, workload: Iterable[TaskType]) -> None:
         """Replace the target workload (drops cached scores)."""
         self.model = FragModel(workload, with_memory=self.with_memory)
@@ -61,7 +71,7 @@ class FGD(ScoredPolicy):
         self._seen.append(request)
         if len(self._seen) >= self._next_refit:
             self._next_refit *= 2
-            self.set_workload(typical_tasks(self._seen, with_memory=self.with_memory))
+            self.set_workload(self.mix_of(self._seen))
 
     def delta(self, state: ClusterState, sig: Sig, shape: Shape, option: tuple[int, ...]) -> float:
         """Change of the node's expected fragmentation if ``shape`` goes there via ``option``."""
