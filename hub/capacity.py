@@ -3,17 +3,18 @@
 A traitlets SingletonConfigurable so that every spawner, the hub's REST handlers and the admin
 panel share one allocator per hub process. The allocator itself is pure and synchronous; calls go
 through a worker thread so that its SQLite commit never blocks the hub's event loop.
+
+The class keeps its options, the inventory's discovery and the allocator's making here; its
+catalog queries (`capacity_catalog.CapacityCatalog`) and its allocation calls
+(`capacity_allocations.CapacityAllocations`) are mixins of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,51 +25,18 @@ from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub import inventory as inv
-from gpulab.hub.allocator import (
-    DEFAULT_POLICY,
-    Allocator,
-    Inventory,
-    NoCapacity,
-    Node,
-    Placement,
-    Quota,
-    QuotaExceeded,
-    Request,
-)
+from gpulab.hub.allocator import DEFAULT_POLICY, Allocator, Inventory, Node, Quota, Request
 from gpulab.hub.allocator.allocator import Listener
+from gpulab.hub.capacity_allocations import CapacityAllocations, Evict
+from gpulab.hub.capacity_catalog import CapacityCatalog, HourBudgetStanding
 from gpulab.hub.profiles import (
     MILLI_PER_GPU,
     Profile,
     ProfileError,
-    format_gpu_amount,
     parse_catalog,
     parse_gpus,
     parse_memory_mib,
 )
-
-
-@dataclass(frozen=True)
-class ProfileAvailability:
-    profile: Profile
-    free: int
-    waiting: int
-    #: False when the profile cannot fit even on an idle machine (e.g. 8 GPUs on a 2-GPU box)
-    fits_inventory: bool = True
-
-    @property
-    def label(self) -> str:
-        """'1/4 GPU - 11 free', '8 GPUs - none free, 2 waiting'."""
-        if not self.fits_inventory:
-            return f"{self.profile.gpu_label} - larger than any machine here"
-        if self.profile.gpu == 0:
-            text = "no GPU"
-        else:
-            text = f"{self.profile.gpu_label} - " + (
-                f"{self.free} free" if self.free else "none free"
-            )
-        if self.waiting:
-            text += f", {self.waiting} waiting"
-        return text
 
 
 def _gpus_to_milli(value: Any, field_name: str) -> int:
@@ -95,47 +63,7 @@ def _gpus_to_milli(value: Any, field_name: str) -> int:
     return int(milli)
 
 
-#: the generic hint gpulab.hub.allocator.quota appends to a quota refusal; `quota_refusal` puts
-#: advice that names this catalog's profiles in its place
-ALLOCATOR_QUOTA_HINT = " Release a server or ask for a preemptible (spot) server."
-
-#: how a refusal for lack of GPU-hours begins (`GPULedger.launch_refusal`)
-HOUR_BUDGET_REFUSAL = "GPU-hour budget used up"
-
-
-@dataclass(frozen=True)
-class HourBudgetStanding:
-    """A user's tightest GPU-hour budget as the picker shows it."""
-
-    #: 'GPU-hours: 12.5 of 100 left (30 days)'
-    text: str
-    #: the launch check's refusal when the budget is used up ('' while GPU-hours are left)
-    refusal: str = ""
-
-    @property
-    def exhausted(self) -> bool:
-        return bool(self.refusal)
-
-
-#: (placement, reason) -> returns once nothing of that allocation runs
-Evict = Callable[[Placement, str], Awaitable[None]]
-
-
-def profile_milli(profile: Profile) -> int:
-    """Milli-GPU a profile counts against a quota (a fraction of one GPU, or whole GPUs)."""
-    return int(profile.gpu * 1000)
-
-
-def _slugs(profiles: list[Profile]) -> str:
-    return ", ".join(repr(p.slug) for p in profiles[:4]) + (", ..." if len(profiles) > 4 else "")
-
-
-class ProfileUnavailable(ValueError):
-    """A profile a user may not choose for a workload, or that never fits (the message says
-    which, for her)."""
-
-
-class GPUCapacity(SingletonConfigurable):
+class GPUCapacity(SingletonConfigurable, CapacityCatalog, CapacityAllocations):
     """GPU inventory, profile catalog, quotas and live allocations of this hub."""
 
     profiles = List(
@@ -430,288 +358,5 @@ class GPUCapacity(SingletonConfigurable):
             allow_preemptible_over_quota=self.allow_preemptible_over_quota,
         )
 
-    # -- catalog queries -----------------------------------------------------------------------
 
-    def profile(self, slug: str) -> Profile | None:
-        return next((p for p in self.catalog if p.slug == slug), None)
-
-    def visible_profiles(self, groups: frozenset[str], is_admin: bool) -> list[Profile]:
-        return [p for p in self.catalog if p.visible_to(groups, is_admin)]
-
-    def default_profile(self, groups: frozenset[str], is_admin: bool) -> Profile | None:
-        """The profile a start that names none gets: the catalog's `default` one when the user
-        may use it, else her first visible one; None when she may use none."""
-        visible = self.visible_profiles(groups, is_admin)
-        default = next((p for p in self.catalog if p.default), None)
-        return default if default in visible else (visible[0] if visible else None)
-
-    def workload_profile(self, slug: str, groups: frozenset[str], is_admin: bool) -> Profile:
-        """The profile `slug` for a workload (a job run, a Dask cluster's workers) of a user in
-        `groups`; ProfileUnavailable, with the sentence for her, when it is not one of hers or
-        is larger than any machine here (it would wait forever)."""
-        profile = self.profile(slug)
-        visible = self.visible_profiles(groups, is_admin)
-        if profile is None or profile not in visible:
-            names = ", ".join(p.slug for p in visible) or "none"
-            raise ProfileUnavailable(f"no profile {slug!r} for you; choose one of: {names}")
-        if not self.fits_inventory(profile):
-            raise ProfileUnavailable(
-                f"{profile.slug} is larger than any machine here: it never fits"
-            )
-        return profile
-
-    def request_for(
-        self,
-        profile: Profile,
-        *,
-        allocation_id: str,
-        owner: str,
-        groups: frozenset[str],
-        affinity_group: str | None = None,
-        workload: str = "server",
-    ) -> Request:
-        """The allocator's request for one `workload` ("server", "job", "dask") of `profile`."""
-        return Request(
-            id=allocation_id,
-            owner=owner,
-            groups=groups,
-            cpu_milli=int(profile.cpu_limit * 1000) if profile.cpu_limit else 0,
-            memory_mib=profile.mem_limit_mib or 0,
-            num_gpu=profile.num_gpu,
-            gpu_milli=profile.gpu_milli,
-            gpu_models=profile.gpu_models,
-            priority=profile.priority,  # type: ignore[arg-type]
-            nvlink=False,
-            affinity_group=affinity_group,
-            profile=profile.slug,
-            workload=workload,
-        )
-
-    def _probe(self, profile: Profile) -> Request:
-        return self.request_for(
-            profile, allocation_id="capacity-probe", owner="", groups=frozenset()
-        )
-
-    def fits_inventory(self, profile: Profile) -> bool:
-        """Whether the profile fits on this inventory when nothing else runs."""
-        if profile.slug not in self._fits_idle:
-            idle = Allocator(self.inventory, policy=self.placement_policy)
-            self._fits_idle[profile.slug] = idle.capacity(self._probe(profile)) > 0
-        return self._fits_idle[profile.slug]
-
-    def availability(self, profile: Profile) -> ProfileAvailability:
-        return ProfileAvailability(
-            profile,
-            self.allocator.capacity(self._probe(profile)),
-            self._waiting[profile.slug],
-            self.fits_inventory(profile),
-        )
-
-    def quota_summary(self, owner: str, groups: frozenset[str]) -> str | None:
-        """'GPU quota: 0.25 GPU in use, 1.25 GPUs left' (None when unlimited)."""
-        left = self.allocator.quota_left_milli(owner, groups)
-        if left is None:
-            return None
-        used = self.allocator.usage_milli(owner)
-        return f"GPU quota: {format_gpu_amount(used)} in use, {format_gpu_amount(left)} left"
-
-    def hour_budget(self, owner: str, groups: frozenset[str]) -> HourBudgetStanding | None:
-        """The user's tightest GPU-hour budget (None: none binds her, or no ledger runs)."""
-        if self.hour_budget_standing is None:
-            return None
-        return self.hour_budget_standing(owner, groups)
-
-    def over_quota(self, profile: Profile, owner: str, groups: frozenset[str]) -> str | None:
-        """Why `profile` cannot start within the user's remaining GPU budget (None: it can)."""
-        left = self.allocator.quota_left_milli(owner, groups)
-        if left is None or profile_milli(profile) <= left:
-            return None
-        if profile.priority == "preemptible" and self.allow_preemptible_over_quota:
-            return None
-        return (
-            f"Needs {format_gpu_amount(profile_milli(profile))}; your GPU quota has "
-            f"{format_gpu_amount(left)} left"
-        )
-
-    def quota_advice(self, owner: str, groups: frozenset[str], is_admin: bool) -> str:
-        """What a user over quota can do, naming profiles of this catalog that they may use."""
-        left = self.allocator.quota_left_milli(owner, groups) or 0
-        visible = self.visible_profiles(groups, is_admin)
-        fitting = sorted(
-            (p for p in visible if 0 < profile_milli(p) <= left),
-            key=profile_milli,
-            reverse=True,
-        )
-        spot = [p for p in visible if p.priority == "preemptible" and p not in fitting]
-        cpu = [p for p in visible if profile_milli(p) == 0]
-        options = []
-        if fitting:
-            options.append(
-                f"pick a profile within the {format_gpu_amount(left)} left ({_slugs(fitting)})"
-            )
-        if spot and self.allow_preemptible_over_quota:
-            options.append(f"a preemptible profile, which may run over quota ({_slugs(spot)})")
-        if not fitting and cpu:
-            options.append(f"a CPU-only server ({_slugs(cpu)})")
-        if not options:
-            return "Stop one of your GPU servers first."
-        return "Stop one of your GPU servers, or " + ", or ".join(options) + "."
-
-    def quota_refusal(self, reason: str, owner: str, groups: frozenset[str], is_admin: bool) -> str:
-        """The allocator's quota refusal with advice from this catalog in place of its generic
-        hint (which names a preemptible server even where the catalog has none)."""
-        problem = reason.removesuffix(ALLOCATOR_QUOTA_HINT).rstrip()
-        if problem.startswith(HOUR_BUDGET_REFUSAL):  # time, not GPUs held, is what ran out
-            cpu = [p for p in self.visible_profiles(groups, is_admin) if profile_milli(p) == 0]
-            hint = f" A CPU-only server ({_slugs(cpu)}) needs none." if cpu else ""
-            return f"{problem} It frees up as older GPU-hours leave the window.{hint}"
-        return f"{problem} {self.quota_advice(owner, groups, is_admin)}"
-
-    # -- allocation ----------------------------------------------------------------------------
-
-    async def place(self, request: Request) -> Placement:
-        """Place `request`; when an on-demand request does not fit, preemptible work of an owner
-        that can give it back (`add_evictor`: job runs) is evicted to make room, and this returns
-        once nothing of it runs (a share is never handed out while its last holder still uses
-        it). Preemptible servers are evicted by their spawner (GPUKubeSpawner), not here."""
-        if self.hour_budget_check is not None:
-            budget_refusal = self.hour_budget_check(request)
-            if budget_refusal is not None:
-                raise QuotaExceeded(budget_refusal)
-        refusal: NoCapacity | None = None
-        try:
-            return await asyncio.to_thread(self.allocator.place, request)
-        except NoCapacity as e:
-            if request.preemptible or not self._evictors:
-                raise
-            refusal = e
-        try:
-            placement, victims = await asyncio.to_thread(
-                self.allocator.preempt_and_place, request, self._has_evictor
-            )
-        except NoCapacity:
-            raise refusal from None  # its reason, not the preemption search's
-        for victim in victims:
-            await self.evict(victim, f"preempted for on-demand work {request.id}")
-        return placement
-
-    async def hand_over(self, held_id: str, request: Request) -> Placement:
-        """Give `held_id`'s GPUs (a warm pool member's reservation) to `request`, checked as
-        `place` checks a start (GPU-hour budget, quota); AllocationError otherwise, and the
-        reservation is left as it was."""
-        if self.hour_budget_check is not None:
-            budget_refusal = self.hour_budget_check(request)
-            if budget_refusal is not None:
-                raise QuotaExceeded(budget_refusal)
-        return await asyncio.to_thread(self.allocator.hand_over, held_id, request)
-
-    def add_evictor(self, owns: Callable[[str], bool], evict: Evict) -> None:
-        """Another owner of allocations (the job service) that can give a preemptible one back:
-        `owns(allocation_id)` says which are its, `evict(placement, reason)` stops it and returns
-        when nothing of it runs. The allocator has already released the victim's share."""
-        self._evictors.append((owns, evict))
-
-    def remove_evictor(self, evict: Evict) -> None:
-        self._evictors = [(owns, e) for owns, e in self._evictors if e != evict]
-
-    def has_evictor(self, placement: Placement) -> bool:
-        """Whether another owner (the job or Dask service) can stop `placement`'s work."""
-        return self._has_evictor(placement)
-
-    def _has_evictor(self, placement: Placement) -> bool:
-        return any(owns(placement.request.id) for owns, _ in self._evictors)
-
-    async def evict(self, victim: Placement, reason: str) -> bool:
-        """Evict `victim` through its owner's evictor; False when no evictor owns it."""
-        for owns, evict in self._evictors:
-            if owns(victim.request.id):
-                self.record_event(victim.request.id, "preempted", reason)
-                await evict(victim, reason)
-                return True
-        return False
-
-    def note_end_reason(self, allocation_id: str, reason: str) -> None:
-        """Why `allocation_id` is about to end, for when its holder releases it (a stop by the
-        culler, a budget or an admin's preemption: the GPU-hour ledger records it)."""
-        self._end_reasons[allocation_id] = reason
-
-    async def release(self, allocation_id: str, reason: str | None = None) -> Placement | None:
-        noted = self._end_reasons.pop(allocation_id, None)
-        why = reason or noted or "released"
-        placement = await asyncio.to_thread(self.allocator.release, allocation_id, why)
-        if placement is not None and self._release_event is not None:
-            event, self._release_event = self._release_event, None
-            event.set()
-        return placement
-
-    async def wait_for_release(self, timeout: float) -> None:
-        """Return when some allocation is released, or after `timeout` seconds."""
-        if self._release_event is None:
-            self._release_event = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._release_event.wait(), timeout)
-
-    def waiting(self, slug: str) -> _WaitingTicket:
-        return _WaitingTicket(self._waiting, slug)
-
-    def keep_allocations(self, live: Callable[[], set[str]]) -> None:
-        """Another owner of allocations (the job service): `live()` names those it holds now,
-        which `reconcile` must keep although no server has them."""
-        self._other_owners.append(live)
-
-    def reconcile(self, live_allocation_ids: set[str]) -> list[Placement]:
-        """Release allocations that belong to no server JupyterHub knows of and no other owner
-        holds (the hub died between placing and recording a server). Runs once per hub process,
-        before the first spawn."""
-        if self._reconciled:
-            return []
-        self._reconciled = True
-        live = set(live_allocation_ids)
-        for other in self._other_owners:
-            live |= other()
-        orphans = [p for p in self.allocator.allocations() if p.request.id not in live]
-        for p in orphans:
-            self.allocator.release(p.request.id)
-            self.log.warning("Released orphaned GPU allocation %s on %s", p.request.id, p.node)
-        return orphans
-
-    def record_event(self, allocation_id: str, stage: str, message: str) -> None:
-        """Watchdog warnings and stops, kept (bounded) for the admin's allocation list."""
-        events = self._events.setdefault(allocation_id, [])
-        events.append({"time": time.time(), "stage": stage, "message": message})
-        del events[:-20]
-
-    def record_notice(self, user: str, message: str) -> None:
-        """Something a user should read next time they open the picker (e.g. a preemption)."""
-        notices = self._notices.setdefault(user, [])
-        notices.append(message)
-        del notices[:-5]
-
-    def take_notices(self, user: str) -> list[str]:
-        return self._notices.pop(user, [])
-
-    def events_for(self, allocation_id: str) -> list[dict[str, Any]]:
-        return list(self._events.get(allocation_id, []))
-
-    def gpu_by_uuid(self, uuid: str) -> Any:
-        for node in self.inventory.nodes:
-            for gpu in node.gpus:
-                if gpu.uuid == uuid:
-                    return gpu
-        raise KeyError(uuid)
-
-
-class _WaitingTicket:
-    """Counts a spawn as waiting for its profile while the `with` block runs."""
-
-    def __init__(self, counter: Counter[str], slug: str) -> None:
-        self._counter, self._slug = counter, slug
-
-    def __enter__(self) -> None:
-        self._counter[self._slug] += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self._counter[self._slug] -= 1
-
-
-__all__ = ["GPUCapacity", "ProfileAvailability", "parse_gpus"]
+__all__ = ["GPUCapacity", "parse_gpus"]

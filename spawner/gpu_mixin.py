@@ -24,7 +24,8 @@ from gpulab.hub.allocator import (
     QuotaExceeded,
     Request,
 )
-from gpulab.hub.capacity import GPUCapacity, HourBudgetStanding
+from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.capacity_catalog import HourBudgetStanding
 from gpulab.hub.profiles import Profile
 from gpulab.hub.refusals import MAX_BODY_BYTES, refusal, shown
 from gpulab.hub.warmpoolservice import GPUWarmPool
@@ -316,6 +317,12 @@ class GPUSpawnerMixin(Configurable):
                 "Releasing stale GPU allocation %s before spawning", self.allocation_id
             )
             await capacity.release(self.allocation_id)
+
+    @classmethod
+    def chooses_gpulab_profiles(cls, config: Any) -> bool:
+        """gpulab's profiles (`GPUCapacity.profiles`) are what its starts take (the hub's
+        `ChoosesGPULabProfiles`: a start without options gets the default one)."""
+        return True
 
     _NO_FALLBACK: Any = object()
 

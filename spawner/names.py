@@ -122,6 +122,10 @@ SNAPSHOT_FILES_ANNOTATION = "snapshot.gpulab.io/files"
 #: a job's submitter may set none of them (gpulab.hub.jobs.model), so none can be forged.
 ENV_PREFIX = "GPULAB_"
 
+#: A Dask pod's own address (the downward API's status.podIP), which its scheduler's listeners
+#: bind to (spawner/kube/dask_objects.py), expanded by Kubernetes as `$(GPULAB_POD_IP)`.
+POD_IP_ENV = "GPULAB_POD_IP"
+
 # --- Environment of a user's server: GPUs -----------------------------------------------------------
 # Written by the spawners (spawner/environment.py, spawner/local, spawner/kube); read by the GPU
 # caps hook (spawner/singleuser/gpu_caps) and the extension's GPU panel (jupyterlab_gpulab/share.py).

@@ -11,7 +11,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from gpulab.hub.capacity import HourBudgetStanding, ProfileAvailability
+from gpulab.hub.capacity_catalog import HourBudgetStanding, ProfileAvailability
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ from typing import Any
 from tornado import web
 
 from gpulab.hub.apihandlers.base import GPULabAPIHandler
+from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.jobservice.service import whole_quota_refusal
+from gpulab.hub.profiles import Profile
 from gpulab.hub.warmpoolservice import GPUWarmPool
 
 #: how a start without options picks its profile (`gpulab.hub.handlers.servers`), for clients
@@ -44,6 +47,9 @@ class CapacityAPIHandler(GPULabAPIHandler):
                     "label": a.label,
                     # pre-started servers of this profile a start would take now (warm pools)
                     "ready_now": pool.ready_count(profile.slug),
+                    # why a job or a Dask cluster of it would be refused if submitted now ('':
+                    # accepted), so that the lab's dialogs mark it before Submit, as the picker
+                    "refused": workload_refusals(capacity, profile, caller.name, groups),
                 }
             )
         default = capacity.default_profile(groups, self.sees_every_profile())
@@ -57,6 +63,19 @@ class CapacityAPIHandler(GPULabAPIHandler):
                 "profiles": profiles,
             }
         )
+
+
+def workload_refusals(
+    capacity: GPUCapacity, profile: Profile, owner: str, groups: frozenset[str]
+) -> dict[str, str]:
+    """`{"job": why, "dask": why}`: the refusals a submission of `profile` would get now ('' for
+    none), the same checks as `JobService.submit` (larger than any machine, more than her whole
+    quota: a run waits for quota otherwise) and `DaskService.create` (a worker beyond the quota
+    she has left)."""
+    if not capacity.fits_inventory(profile):
+        return {"job": "Larger than any machine here", "dask": "Larger than any machine here"}
+    job = whole_quota_refusal(capacity, profile, owner, groups) or ""
+    return {"job": job, "dask": capacity.over_quota(profile, owner, groups) or ""}
 
 
 default_handlers: list[tuple[str, type[Any]]] = [

@@ -23,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
-from ..jobs.store import create_schema, make_engine, upsert, writing
+from ..jobs.database import create_schema, make_engine, upsert, writing
 from .model import Change, Holding, Interval, diff
 from .rollup import UsageSample
 

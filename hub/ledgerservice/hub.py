@@ -27,7 +27,8 @@ from traitlets import Bool, Dict, Float, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub.allocator import Request
-from gpulab.hub.capacity import HOUR_BUDGET_REFUSAL, GPUCapacity, HourBudgetStanding
+from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.capacity_catalog import HOUR_BUDGET_REFUSAL, HourBudgetStanding
 from gpulab.hub.hub_service import cancel_and_wait, hub_started, stop_server
 from gpulab.hub.ledger import BUDGET, Budget, HourQuota, HourQuotaError, budgets, tightest
 from gpulab.hub.ledger.feed import LedgerFeed

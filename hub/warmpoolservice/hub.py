@@ -31,7 +31,8 @@ from traitlets import Float, List, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub.allocator import AllocationError, Placement
-from gpulab.hub.capacity import GPUCapacity, profile_milli
+from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.capacity_catalog import profile_milli
 from gpulab.hub.hub_service import cancel_and_wait, hub_started
 from gpulab.hub.profiles import Profile
 from gpulab.hub.prometheus import register_collector

@@ -22,6 +22,7 @@ from traitlets.config import Configurable
 from gpulab.spawner.kube.objects import (
     CLOUD_METADATA_IP,
     MANAGED_BY,
+    SERVER_POD_LABEL,
     container_security_context,
     pod_security_context,
     seccomp_profile,
@@ -171,8 +172,16 @@ class KubeIsolationMixin(Configurable):
 
     _network_policies_ready: ClassVar[set[tuple[str, str]]] = set()
 
+    def _build_pod_labels(self, extra_labels: dict[str, str]) -> dict[str, str]:
+        # KubeSpawner's labels of a server pod, and the one only gpulab's servers carry, which
+        # the servers' NetworkPolicy selects (see SERVER_POD_LABEL)
+        labels: dict[str, str] = super()._build_pod_labels(extra_labels)  # type: ignore[misc]
+        key, value = SERVER_POD_LABEL
+        return {**labels, key: value}
+
     def network_policy_manifest(self) -> dict[str, Any]:
-        pod_selector = {"component": self.component_label}
+        key, value = SERVER_POD_LABEL
+        pod_selector = {key: value, "component": self.component_label}
         if "app" in self.common_labels:
             pod_selector["app"] = self.common_labels["app"]
         return singleuser_network_policy(

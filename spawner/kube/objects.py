@@ -15,7 +15,9 @@ Tenant isolation of server pods:
   `runAsNonRoot` (the kubelet refuses to start a container that would run as root), no privilege
   escalation (no_new_privs: setuid binaries gain nothing), all capabilities dropped and the
   runtime's default seccomp profile.
-- One NetworkPolicy selects every user server by label, as z2jh's `singleuser` policy does: the
+- One NetworkPolicy selects every gpulab user server by label (`SERVER_POD_LABEL` beside
+  KubeSpawner's app/component, so a stock KubeSpawner hub's pods in the namespace are left
+  alone), as z2jh's `singleuser` policy does: the
   rules are the same for every server, so one object (shipped by a chart, or created by the
   spawner) replaces a per-server object that every spawn would create and every crash could leak.
   Ingress only from the hub, the proxy and the metrics scraper (pods labelled
@@ -60,6 +62,10 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "gpulab"}
 
 #: pod label of the hub, proxy and metrics pods allowed to reach user servers (z2jh's name)
 NETWORK_ACCESS_LABEL = "hub.jupyter.org/network-access-singleuser"
+#: on every server pod GPUKubeSpawner makes, and in its servers' NetworkPolicy's podSelector: a
+#: stock KubeSpawner's pods carry the same app/component labels, and a policy that selected
+#: those alone would cut a stock hub's servers in the same namespace off their own hub
+SERVER_POD_LABEL = ("gpulab.io/server", "true")
 #: the link-local address where clouds serve instance credentials to anything that asks
 CLOUD_METADATA_IP = "169.254.169.254"
 #: never "the internet": private networks (the cluster's pods and nodes) and loopback (the node's

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from kubernetes_asyncio.client import V1DeleteOptions
@@ -28,17 +27,16 @@ from traitlets import Dict, Float, List, Unicode, default, validate
 
 from gpulab.hub.allocator import NoCapacity, Placement, QuotaExceeded
 from gpulab.hub.capacity import GPUCapacity
-from gpulab.hub.inventory import KNOWN_MODELS
 from gpulab.hub.profiles import Profile
 from gpulab.spawner.environment import AssignedGPU, Enforcement
-from gpulab.spawner.gpu_mixin import GPUSpawnerMixin, node_inventory
+from gpulab.spawner.gpu_mixin import GPUSpawnerMixin
+from gpulab.spawner.kube.executors import KubeExecutorsMixin
 from gpulab.spawner.kube.gpu_resources import (
     ISOLATION,
     SHARING_BACKENDS,
     VISIBLE_DEVICES_ENV,
     PlacedPod,
     container_device_environment,
-    placed_pod,
 )
 from gpulab.spawner.kube.isolation import KubeIsolationMixin
 from gpulab.spawner.kube.objects import (
@@ -50,7 +48,9 @@ from gpulab.spawner.kube.objects import (
     related_pod_affinity,
     safe_label_value,
 )
+from gpulab.spawner.kube.placed_pods import gpu_memory_mib, placed_pod_on
 from gpulab.spawner.kube.state import KubeGPUState, ensure_kube_state
+from gpulab.spawner.kube.warm_start import KubeWarmStartMixin
 from gpulab.spawner.names import (
     AFFINITY_LABEL,
     PLACEMENT_ANNOTATION,
@@ -59,7 +59,17 @@ from gpulab.spawner.names import (
 from gpulab.spawner.workspaces.kube import NODE_LOST, PREEMPTED, KubeWorkspaceMixin
 
 
-class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, KubeSpawner):
+# warm starts and the job and Dask executors are parts of their own (warm_start, executors); they
+# come after KubeIsolationMixin, the first base, so that the options each class lists as its own
+# (docs/configuration.md) stay where they were, and before GPUSpawnerMixin, which they build on
+class GPUKubeSpawner(
+    KubeIsolationMixin,
+    KubeWorkspaceMixin,
+    KubeWarmStartMixin,
+    KubeExecutorsMixin,
+    GPUSpawnerMixin,
+    KubeSpawner,
+):
     """One pod per server, with a whole GPU or a share of one, placed by gpulab's allocator, and
     a home PVC that is snapshotted on every stop."""
 
@@ -158,6 +168,11 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
         if self.profile_list:
             return self._options_from_form
         return self.gpulab_options_from_form
+
+    @classmethod
+    def chooses_gpulab_profiles(cls, config: Any) -> bool:
+        # upstream profile_list: KubeSpawner picks its own default and refuses gpulab's slugs
+        return not cls.class_setting(config, "profile_list", [])
 
     def gpulab_apply_user_options(self, user_options: Any) -> None:
         if self.profile_list:
@@ -336,74 +351,6 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
         self._apply_placement(profile, placement)
         self.apply_workspace_to_pod()
 
-    # -- warm pool (gpulab.hub.warmpoolservice; members: gpulab.spawner.kube.warm_pool) --------
-
-    @classmethod
-    def warm_pool_backend(cls, *, config: Any, log: Any) -> Any:
-        """Warm capacity (`KeepsWarmServers`): each member a placeholder pod holding its
-        reservation on the node a server of its profile would run on, made before any spawner
-        exists, so the settings it needs are read from `config` as traitlets resolves them for
-        this class (a subclass's section over its parents')."""
-        from gpulab.spawner.kube.warm_pool import KubeWarmBackend
-
-        def configured(name: str) -> Any:
-            return cls.class_setting(config, name)
-
-        capacity = GPUCapacity.instance(config=config, log=log)
-        sharing = str(configured("gpu_sharing"))
-        classes = {p: (str(v[0]), int(v[1])) for p, v in configured("priority_classes").items()}
-
-        def placed(profile: Profile, placement: Placement) -> PlacedPod:
-            return placed_pod_on(
-                capacity,
-                profile,
-                placement,
-                sharing=sharing,
-                priority="preemptible",
-                priority_classes={p: v[0] for p, v in classes.items()},
-            )
-
-        return KubeWarmBackend(
-            # KubeSpawner's default: the hub pod's own namespace, else "default"
-            namespace=str(configured("namespace") or KubeSpawner._namespace_default(None)),
-            image=str(configured("image")),
-            sharing=sharing,
-            priority_classes=classes,
-            placed_pod=placed,
-            ensure_state=lambda: ensure_kube_state(capacity, sharing=sharing),
-            image_pull_policy=configured("image_pull_policy") or None,
-            log=log,
-        )
-
-    async def _claim_warm(self, profile: Profile) -> Placement | None:
-        """A ready pool member's reservation, handed over to this server's request (her quota
-        and budget checked) with the member pod deleted, so her pod takes its node and devices;
-        None: start cold (a member that could not be handed over is discarded)."""
-        if self.profile_list:
-            return None
-        member = await self.claim_warm_member(profile)
-        if member is None:
-            return None
-        placement = self.gpulab_placement
-        assert placement is not None
-        try:
-            await member.discard()
-        except Exception as e:  # her pod waits for the devices until the member pod is gone
-            self.log.warning(
-                "Warm member %s's pod could not be deleted for %s: %s",
-                member.id,
-                self.allocation_id,
-                e,
-            )
-        self.log.info(
-            "GPU allocation %s (profile %s) served warm by %s on %s",
-            self.allocation_id,
-            profile.slug,
-            member.id,
-            placement.node,
-        )
-        return placement
-
     def get_env(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_env()
         env.update(self.workspace_env(env))
@@ -536,109 +483,6 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
             reason = self._interruption(await self.gpu_state())
             await self.snapshot_workspace(label=reason or "on-stop")
 
-    # -- GPU jobs --------------------------------------------------------------------------------
-
-    @classmethod
-    def job_executor(
-        cls,
-        *,
-        runs_dir: str,
-        gpu_of: Callable[[str], Any],
-        spawner_for: Callable[[str], Awaitable[Any]],
-    ) -> Any:
-        """The job executor of this backend (`gpulab.hub.jobservice.RunsJobs`): each attempt a
-        `batch/v1` Job in the owner's namespace, with her servers' identity, home claim and
-        NetworkPolicy rules (`gpulab.spawner.kube.jobs`)."""
-        from gpulab.spawner.kube.jobs import KubeJobError, KubeJobExecutor
-
-        async def kube_spawner_for(owner: str) -> Any:
-            spawner = await spawner_for(owner)
-            if spawner.profile_list or not spawner.workspaces_enabled:
-                raise KubeJobError(
-                    "GPU jobs on Kubernetes need gpulab's profiles and a home claim per user "
-                    "(GPUKubeSpawner.checkpoints, no profile_list): a job reads and writes the "
-                    "home its owner's server mounts"
-                )
-            return spawner
-
-        # gpu_of is not needed: the spawner maps a placement's GPUs as for her servers
-        return KubeJobExecutor(runs_dir=runs_dir, spawner_for=kube_spawner_for)
-
-    # -- Dask clusters ---------------------------------------------------------------------------
-
-    async def dask_target(self) -> Any:
-        """What the Dask executor needs of this user's backend (`gpulab.spawner.kube.dask`):
-        the hub's client, her namespace, image, uid and hardening (as her servers' and jobs'),
-        the hub's addresses for the clusters' NetworkPolicy, her profiles and the pod side of a
-        placement (as a job's)."""
-        from gpulab.spawner.kube.dask import KubeDaskTarget
-        from gpulab.spawner.kube.dask_objects import KubeDaskSettings
-
-        await self.gpu_state()  # the cluster view the placed pods' devices come from
-
-        async def resolved(value: Any) -> Any:
-            if callable(value):
-                value = value(self)
-                if asyncio.iscoroutine(value):
-                    value = await value
-            return value
-
-        settings = KubeDaskSettings(
-            namespace=self.namespace,
-            image=self.image,
-            python=self.job_python,
-            uid=await resolved(self.uid),
-            gid=await resolved(self.gid),
-            fs_gid=await resolved(self.fs_gid),
-            run_as_non_root=self.run_as_non_root,
-            seccomp=self.seccomp_profile,
-            drop_capabilities=tuple(self.drop_capabilities),
-            termination_grace_seconds=int(self.delete_grace_period),
-            image_pull_policy=self.image_pull_policy or None,
-            labels=dict(self.common_labels),
-            hub_selector=dict(self.network_policy_hub_labels),
-            hub_cidrs=tuple(self.network_policy_hub_cidrs),
-            hub_push_ports=tuple(self._push_ports()),
-            allow_internet=self.network_policy_allow_internet,
-            cloud_metadata_ip=self.cloud_metadata_ip,
-        )
-        classes = {p: str(v[0]) for p, v in self.priority_classes.items()}
-        return KubeDaskTarget(
-            api_client=self.api.api_client,
-            settings=settings,
-            profile=self.gpu_capacity.profile,
-            placed_pod=self.placed_job_pod,
-            priority_class=lambda priority: classes.get(priority, ""),
-            node_failure_seconds=float(self.node_failure_seconds),
-            start_timeout=float(self.start_timeout),
-        )
-
-    @classmethod
-    def dask_executor(
-        cls,
-        *,
-        state_dir: str,
-        gpu_of: Callable[[str], Any],
-        spawner_for: Callable[[str], Awaitable[Any]],
-    ) -> Any:
-        """The Dask executor of this backend (`gpulab.hub.daskservice.RunsDaskClusters`): each
-        cluster a DaskCluster and one DaskWorkerGroup per worker in the owner's namespace, made
-        into pods by the dask-kubernetes operator (`gpulab.spawner.kube.dask`)."""
-        from gpulab.spawner.kube.dask import KubeDaskError, KubeDaskExecutor
-
-        async def target_for(owner: str) -> Any:
-            spawner = await spawner_for(owner)
-            if spawner.profile_list:
-                raise KubeDaskError(
-                    "Dask clusters on Kubernetes need gpulab's profiles (no profile_list): each "
-                    "worker is admitted on a profile's share"
-                )
-            return await spawner.dask_target()
-
-        # state_dir and gpu_of are not needed: the objects live in the cluster, and the spawner
-        # maps a placement's GPUs as for her servers
-        return KubeDaskExecutor(target_for=target_for)
-
     # -- state -----------------------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
@@ -649,46 +493,6 @@ class GPUKubeSpawner(KubeIsolationMixin, KubeWorkspaceMixin, GPUSpawnerMixin, Ku
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self.load_workspace_state(state)
-
-
-def gpu_memory_mib(capacity: GPUCapacity, placement: Placement) -> int:
-    """The memory of the GPU model `placement`'s first share lies on (0 without GPUs);
-    ValueError for a model of unknown size."""
-    if not placement.gpus:
-        return 0
-    gpu = capacity.gpu_by_uuid(placement.gpus[0].uuid)
-    if gpu.memory_mib:
-        return int(gpu.memory_mib)
-    known = KNOWN_MODELS.get(gpu.model)
-    if known is None:
-        raise ValueError(
-            f"GPU model {gpu.model!r} of node {placement.node} has no known memory size"
-        )
-    return known.memory_mib
-
-
-def placed_pod_on(
-    capacity: GPUCapacity,
-    profile: Profile,
-    placement: Placement,
-    *,
-    sharing: str,
-    priority: str,
-    priority_classes: dict[str, str],
-) -> PlacedPod:
-    """`gpu_resources.placed_pod` for `placement` on the hub's inventory: a server's pod, a
-    job's and a warm pool member's get the same devices, node pin and scheduling."""
-    device = capacity.gpu_by_uuid(placement.gpus[0].uuid) if placement.gpus else None
-    return placed_pod(
-        profile,
-        placement,
-        sharing=sharing,
-        priority=priority,
-        device=device,
-        gpu_memory_mib=gpu_memory_mib(capacity, placement),
-        priority_classes=priority_classes,
-        inventory=node_inventory(capacity.inventory, placement.node),
-    )
 
 
 # the hub's GPUCapacity keeps a Kubernetes inventory current through this module's cluster view; it

@@ -12,16 +12,14 @@ from __future__ import annotations
 import os
 import pwd
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
-from jupyterhub.utils import random_port
 from tornado import web
 from traitlets import Bool, Enum, Float, Integer, TraitError, Tuple, Unicode, default, validate
 from traitlets.config import Config
 
-from gpulab.hub.capacity import GPUCapacity
+from gpulab.hub.state_dir import unreachable_message
 from gpulab.spawner.environment import (
     AssignedGPU,
     Enforcement,
@@ -38,6 +36,9 @@ from gpulab.spawner.local.accounts import (
     check_account,
     ensure_account,
 )
+from gpulab.spawner.local.early_exit import StartReport, wait_ready_or_exit
+from gpulab.spawner.local.executors import LocalExecutorsMixin
+from gpulab.spawner.local.warm_start import LocalWarmStartMixin
 from gpulab.spawner.local.watchdog import (
     GPUMemoryWatchdog,
     NvmlProcessMemory,
@@ -48,7 +49,12 @@ from gpulab.spawner.names import CAPS_HOOK_ENV, PROFILE_ENV
 from gpulab.spawner.workspaces.local import LocalWorkspaceMixin
 
 
-class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
+# warm starts and the job and Dask executors are parts of their own (warm_start, executors); they
+# come after LocalWorkspaceMixin, the first base, so that the options each class lists as its own
+# (docs/configuration.md) stay where they were, and before GPUSpawnerMixin, which they build on
+class GPULocalSpawnerMixin(
+    LocalWorkspaceMixin, LocalWarmStartMixin, LocalExecutorsMixin, GPUSpawnerMixin
+):
     """Applies a placement to a local process: device visibility, MPS or framework caps, and the
     memory watchdog."""
 
@@ -186,23 +192,39 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
 
     async def _start_process(self) -> Any:
         """LocalProcessSpawner's start with the server's command behind gpulab's prepare step,
-        which makes and prepares the home as the server's own account, then execs the server."""
-        original = list(self.cmd)
+        which makes and prepares the home as the server's own account, then execs the server;
+        returns once the server answers, and fails with the reason when it exits before
+        (`gpulab.spawner.local.early_exit`)."""
+        original, original_popen = list(self.cmd), self.popen_kwargs
         home = str(self.workspace_home_dir())
+        report = StartReport()
         prepare = [
             sys.executable,
             "-m",
             "gpulab.spawner.singleuser.checkpoint.prepare",
             "--home",
             home,
+            f"--report-fd={report.write_fd}",
         ]
         if not self.checkpoints:
             prepare.append("--directory-only")
         self.cmd = [*prepare, "--", *original]
+        passed = (*original_popen.get("pass_fds", ()), report.write_fd)
+        self.popen_kwargs = {**original_popen, "pass_fds": passed}
         try:
-            return await super().start()  # type: ignore[misc]
+            ip, port = await super().start()  # type: ignore[misc]
+            report.close_write_end()
+            if self.internal_ssl:  # JupyterHub's own wait, with its certificates
+                return (ip, port)
+            url = f"http://{ip}:{port}{self.server.base_url}api"
+            name = f"{self.user.name}'s server" + (f" {self.name!r}" if self.name else "")
+            await wait_ready_or_exit(
+                self.proc, url, name=name, report=report, timeout=self.http_timeout
+            )
+            return (ip, port)
         finally:
-            self.cmd = original
+            self.cmd, self.popen_kwargs = original, original_popen
+            report.close()
 
     # -- spawner lifecycle ---------------------------------------------------------------------
 
@@ -252,95 +274,6 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
         self._start_watchdog()
         self.start_snapshot_schedule()
         return url
-
-    # -- warm pool (gpulab.hub.warmpoolservice; members: gpulab.spawner.local.warm_pool) ------
-
-    @classmethod
-    def warm_pool_backend(cls, *, config: Any, log: Any) -> Any:
-        """The embedded default's warm pool members (`KeepsWarmServers`), made before any
-        spawner exists: the settings they need are read from `config` as traitlets would
-        resolve them for this class (a subclass's section over its parents')."""
-        from gpulab.spawner.local.warm_pool import DEFAULT_ENV_KEEP, LocalWarmBackend
-
-        def configured(name: str, fallback: Any) -> Any:
-            return cls.class_setting(config, name, fallback)
-
-        capacity = GPUCapacity.instance(config=config, log=log)
-        return LocalWarmBackend(
-            capacity.gpu_by_uuid,
-            env_keep=tuple(configured("env_keep", DEFAULT_ENV_KEEP)),
-            mps_pipe_directory=str(configured("mps_pipe_directory", "")),
-            mps_log_directory=str(configured("mps_log_directory", "")),
-        )
-
-    def _warm_claim_possible(self) -> bool:
-        """Whether this start may be served by a member: the stock server command run as a cold
-        start would run it (a custom command, shell or Popen setting makes another server)."""
-        cmd = list(self.cmd)
-        stock = len(cmd) == 1 and os.path.basename(cmd[0]) == "jupyterhub-singleuser"
-        return stock and not self.shell_cmd and not self.popen_kwargs
-
-    def _binding_account(self) -> tuple[int, int, tuple[int, ...]]:
-        if self.server_runs_as_hub():
-            return os.geteuid(), os.getegid(), tuple(os.getgroups())
-        account = self._server_account
-        if account is None:  # never fall back to the hub's account (root) for user code
-            raise RuntimeError(f"no system account resolved for {self.user.name} before its start")
-        return account.uid, account.gid, tuple(os.getgrouplist(account.name, account.gid))
-
-    async def _claim_warm(self, profile: Any) -> Any:
-        """A ready pool member of `profile` whose reservation is now this server's allocation
-        (her quota and budget checked), or None: start cold (a refusal then gets its usual
-        words from `gpulab_allocate`; a member that could not be handed over is discarded)."""
-        if not self._warm_claim_possible():
-            return None
-        return await self.claim_warm_member(profile)
-
-    async def _bind_warm(self, member: Any, profile: Any) -> Any:
-        """Make the claimed `member` this user's server (her account, home, environment); its
-        address, or None when it cannot serve: the member is discarded and the server starts
-        cold on the share it handed over."""
-        from gpulab.hub.warmpoolservice import GPUWarmPool, WarmStartFailed
-        from gpulab.spawner.local.warm_pool import Binding
-
-        pool = GPUWarmPool.instance(config=self.config, log=self.log)
-        try:
-            if self.port == 0:
-                self.port = random_port()
-            uid, gid, groups = self._binding_account()
-            binding = Binding(
-                uid=uid,
-                gid=gid,
-                groups=groups,
-                home=str(self.workspace_home_dir()),
-                env=self.get_env(),
-                argv=[*self.cmd, *self.get_args()],
-                directory_only=not self.checkpoints,
-            )
-            pid = await member.bind(binding)
-        except (WarmStartFailed, OSError) as e:
-            self.log.warning(
-                "Warm member %s could not serve %s (%s); starting cold",
-                member.id,
-                self.allocation_id,
-                e,
-            )
-            await pool.discard(member)
-            return None
-        except BaseException:
-            await pool.discard(member)
-            raise
-        self.proc = member.proc
-        self.pid = pid
-        self.log.info(
-            "GPU allocation %s (profile %s) served warm by %s (pid %s) on %s",
-            self.allocation_id,
-            profile.slug,
-            member.id,
-            pid,
-            self.gpulab_placement.node if self.gpulab_placement else "?",
-        )
-        return (self.ip or "127.0.0.1", self.port)
 
     async def stop(self, now: bool = False) -> None:
         self.stop_snapshot_schedule()
@@ -403,73 +336,6 @@ class GPULocalSpawnerMixin(LocalWorkspaceMixin, GPUSpawnerMixin):
     async def progress(self) -> Any:
         async for event in self.gpulab_progress():
             yield event
-
-    @classmethod
-    def job_executor(
-        cls,
-        *,
-        runs_dir: str,
-        gpu_of: Callable[[str], Any],
-        spawner_for: Callable[[str], Awaitable[Any]],
-    ) -> Any:
-        """The job executor of the embedded default (`gpulab.hub.jobservice.RunsJobs`): a job's
-        attempts run as its owner's account, as her servers do, with paths relative to her
-        default server's home (what JupyterLab shows her). Never as the hub's account: where
-        servers share it (server_accounts = 'hub') jobs are refused, since nothing would keep
-        one user's job from another's files."""
-        from gpulab.spawner.local.jobs import JobRunnerError, LocalJobExecutor, LocalJobRunner
-
-        workspace_for = _owner_workspace(spawner_for, JobRunnerError, "jobs")
-        return LocalJobExecutor(
-            LocalJobRunner(runs_dir), workspace_for, gpu_of, inventory_of=_inventory_of
-        )
-
-    @classmethod
-    def dask_executor(
-        cls,
-        *,
-        state_dir: str,
-        gpu_of: Callable[[str], Any],
-        spawner_for: Callable[[str], Awaitable[Any]],
-    ) -> Any:
-        """The Dask executor of the embedded default (`gpulab.hub.daskservice.RunsDaskClusters`):
-        a cluster's scheduler and workers run as its owner's account, as her servers and jobs do.
-        Never as the hub's account: where servers share it (server_accounts = 'hub') clusters
-        are refused, since a cluster runs any code its clients send, with the hub's files at
-        hand."""
-        from gpulab.spawner.local.dask import DaskExecutorError, LocalDaskExecutor
-
-        workspace_for = _owner_workspace(spawner_for, DaskExecutorError, "Dask clusters")
-        return LocalDaskExecutor(state_dir, workspace_for, gpu_of, inventory_of=_inventory_of)
-
-
-def _inventory_of(node: str) -> str:
-    """How `node` knows its GPUs, from the hub's capacity (made before its executors: the
-    singleton its spawners share)."""
-    from gpulab.hub.capacity import GPUCapacity
-    from gpulab.spawner.gpu_mixin import node_inventory
-
-    return node_inventory(GPUCapacity.instance().inventory, node)
-
-
-def _owner_workspace(
-    spawner_for: Callable[[str], Awaitable[Any]], error: type[Exception], what: str
-) -> Callable[[str], Awaitable[tuple[SystemAccount, str]]]:
-    """The owner's system account (made where needed, as for her servers) and her default
-    server's home (what JupyterLab shows her); ``error`` where servers share the hub's own
-    account, since nothing would keep one user's processes from another's files."""
-
-    async def workspace_for(owner: str) -> tuple[SystemAccount, str]:
-        spawner = await spawner_for(owner)
-        if spawner.server_runs_as_hub():
-            raise error(
-                "servers share the hub's own account on this hub (server_accounts = 'hub'): "
-                f"{what} need an account per user"
-            )
-        account = await spawner.workspace_account(create=True)
-        return account, str(spawner.workspace_home_dir())
-
-    return workspace_for
 
 
 class GPULocalSpawner(GPULocalSpawnerMixin, LocalProcessSpawner):
@@ -564,6 +430,22 @@ class GPUSimpleLocalSpawner(GPULocalSpawnerMixin, LocalProcessSpawner):
     @default("home_dir_template")
     def _default_home_dir_template(self) -> str:
         return os.path.join(os.getcwd(), "homes", "{username}", "{servername}")
+
+    @classmethod
+    def hub_start_problems(cls, config: Any) -> list[str]:
+        """`ChecksHubStart`: with an account per user, each must pass through every directory
+        above her home and snapshots (a state directory under a `mktemp -d` one cannot)."""
+        if cls.class_setting(config, "server_accounts", _default_server_accounts()) != "per-user":
+            return []  # servers run as the hub's own account
+        template = cls.class_setting(config, "home_dir_template", "") or os.path.join(
+            os.getcwd(), "homes", "{username}"
+        )
+        roots = {
+            "homes": os.path.dirname(template.split("{", 1)[0] + "x"),
+            "snapshots": os.path.abspath(cls.class_setting(config, "snapshot_root")),
+        }
+        problem = unreachable_message(roots)
+        return [problem] if problem else []
 
     @default("home_dir")
     def _default_home_dir(self) -> str:

@@ -106,7 +106,7 @@ def test_quota_refusal_advice_names_profiles_of_the_catalog(tmp_path):
     )
     cap.allocator.place(Request("alice/", owner="alice", gpu_milli=500))
     reason = "User 'alice' asks for 1 GPU but has 0.5 GPU of a 1 GPU budget left."
-    from gpulab.hub.capacity import ALLOCATOR_QUOTA_HINT
+    from gpulab.hub.capacity_catalog import ALLOCATOR_QUOTA_HINT
 
     message = cap.quota_refusal(reason + ALLOCATOR_QUOTA_HINT, "alice", frozenset(), False)
     assert message == (

@@ -18,8 +18,9 @@ from gpulab.hub.culling import CullConfigError, CullState, decide
 from gpulab.hub.cullservice import GPUCuller
 from gpulab.hub.cullservice.hub import RunningServer
 from gpulab.hub.cullservice.reports import ReportRefused, parse_report
+from gpulab.hub.daskservice.core import _Tracked
 from gpulab.hub.daskservice.hub import GPUDask
-from gpulab.hub.daskservice.service import DaskService, _Tracked
+from gpulab.hub.daskservice.service import DaskService
 from gpulab.hub.ledger.store import LiveFigure
 
 NOW = 1_000_000.0

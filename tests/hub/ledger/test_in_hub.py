@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from traitlets.config import Config
 
 from tests.harness.hub import Hub, fast_metrics_env
-from tests.harness.wait import wait_for
+from tests.harness.wait import WaitTimeout, wait_for
 
 
 @pytest.fixture
@@ -91,16 +91,33 @@ def test_grants_and_releases_are_intervals_and_pushes_are_used_hours(ledger_hub:
     )
     assert line.split(",")[1] == "gpu-quarter"
 
-    # the counters on the hub's /hub/metrics
-    def allocated_counter() -> float | None:
+    # the counters on the hub's /hub/metrics: the collector's figures are refreshed by the ledger's
+    # loop (every second here), so they are compared with the ledger's answer read at the same time
+    def counter_and_usage() -> tuple[float | None, float]:
         text = httpx.get(f"{hub.url}/hub/metrics", timeout=30).text
+        counter = None
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name == "gpulab_gpu_hours_allocated_total" and s.labels["user"] == "alice":
-                    return s.value if s.value == pytest.approx(row["allocated_gpu_hours"]) else None
-        return None
+                    counter = s.value
+        (now_row,) = usage(hub, bucket="day")["rows"]
+        return counter, now_row["allocated_gpu_hours"]
 
-    wait_for("alice's GPU-hours on /hub/metrics", allocated_counter, 30, 0.5)
+    seen: list[tuple[float | None, float]] = []
+
+    def counter_matches() -> bool:
+        seen.append(counter_and_usage())
+        counter, allocated = seen[-1]
+        return counter is not None and counter == pytest.approx(allocated)
+
+    try:
+        wait_for(
+            "alice's GPU-hours on /hub/metrics equal to /gpulab/usage's", counter_matches, 60, 0.5
+        )
+    except WaitTimeout as e:
+        raise AssertionError(f"{e}; last (counter, usage) pairs: {seen[-3:]}") from None
+    # the interval ended with the stop: the ledger's answer did not change since
+    assert seen[-1][1] == pytest.approx(row["allocated_gpu_hours"]), seen[-3:]
 
     # the ledger is the hub's: private file, and no server is told where it is
     ledger_file = hub.state_dir / "gpulab-ledger.sqlite"

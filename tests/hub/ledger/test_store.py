@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from gpulab.hub.jobs.store import SchemaTooNew
+from gpulab.hub.jobs import SchemaTooNew
 from gpulab.hub.ledger import PREEMPTED, RELEASED, UsageSample
 from gpulab.hub.ledger.store import LedgerStore, schema_version
 

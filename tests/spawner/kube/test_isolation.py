@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import os
 import urllib.error
+from collections.abc import Iterator
 
 import pytest
 from traitlets.config import Config
 
 from gpulab.devcluster import DevCluster
+from tests.harness.dask_kube import running_dask_operator
 from tests.harness.hub import merged
 from tests.harness.isolation import VICTIM, prepare_victim, table
 from tests.harness.isolation_kube import kube_attack_suite, kube_kernel_attacks, metadata_endpoint
@@ -29,7 +31,17 @@ def cluster(make_dev_cluster) -> DevCluster:
     return make_dev_cluster(SPAWNER_NODES, "gk-iso-cluster")
 
 
-async def test_no_attack_of_the_catalogue_succeeds_on_the_kube_backend(make_hub, cluster):
+@pytest.fixture(scope="module")
+def dask_operator(cluster, tmp_path_factory) -> Iterator[None]:
+    """The dask-kubernetes operator: it makes the victim's Dask cluster's pods (the catalogue's
+    Dask attempts)."""
+    with running_dask_operator(cluster, tmp_path_factory.mktemp("dask") / "operator.log"):
+        yield
+
+
+async def test_no_attack_of_the_catalogue_succeeds_on_the_kube_backend(
+    make_hub, cluster, dask_operator
+):
     hub = make_hub(
         kube_hub_overlay(cluster, KUBE_WORKSPACE_OVERLAY),
         env={"KUBECONFIG": str(cluster.kubeconfig)},
@@ -39,7 +51,12 @@ async def test_no_attack_of_the_catalogue_succeeds_on_the_kube_backend(make_hub,
     assert len(attempts) >= 50  # the catalogue ran whole
     failed = [a for a in attempts if a.outcome != "refused"]
     assert not failed, table(attempts)
-    assert {a.category for a in attempts} >= {"kube:network", "kube:files", "kube:processes"}
+    assert {a.category for a in attempts} >= {
+        "kube:network",
+        "kube:files",
+        "kube:processes",
+        "kube:dask",
+    }
     # and the victim is as she was: her server still runs
     assert hub.server_model(VICTIM)["ready"]
 

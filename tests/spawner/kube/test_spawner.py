@@ -11,6 +11,7 @@ import contextlib
 import json
 import urllib.error
 
+import httpx
 import pytest
 from traitlets.config import Config
 
@@ -129,7 +130,12 @@ async def test_servers_run_hardened_as_a_non_root_uid_under_the_servers_network_
         "GET", "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/gpulab-singleuser"
     )
     selector = policy["spec"]["podSelector"]["matchLabels"]
-    assert selector == {"component": "singleuser-server", "app": "jupyterhub"}
+    # gpulab's servers only: a stock KubeSpawner's pods carry the same app and component
+    assert selector == {
+        "component": "singleuser-server",
+        "app": "jupyterhub",
+        "gpulab.io/server": "true",
+    }
     assert selector.items() <= pod["metadata"]["labels"].items()  # the policy covers the pod
     (ingress,) = policy["spec"]["ingress"]
     assert ingress["ports"] == [{"port": 8888, "protocol": "TCP"}]
@@ -137,6 +143,51 @@ async def test_servers_run_hardened_as_a_non_root_uid_under_the_servers_network_
     internet = policy["spec"]["egress"][-1]["to"][0]["ipBlock"]
     assert "169.254.169.254/32" in internet["except"]
     hub.stop_server("nora")
+
+
+#: a stock KubeSpawner hub with gpulab's shipped config, as bench.kube_spawn runs one beside
+#: gpulab's, in the namespace where gpulab's hub keeps its servers' NetworkPolicy
+STOCK_KUBESPAWNER_OVERLAY = Config(
+    {
+        "JupyterHub": {"spawner_class": "kubespawner.KubeSpawner"},
+        "KubeSpawner": {
+            "namespace": "default",
+            "image": "gpulab/singleuser:dev",  # not pulled: the node agent runs cmd
+            "start_timeout": 120,
+            "http_timeout": 90,
+            "delete_grace_period": 2,
+        },
+    }
+)
+
+
+def test_a_stock_kubespawner_hub_beside_gpulabs_starts_without_options_and_reaches_its_hub(
+    make_hub, kube_hub, cluster
+):
+    # gpulab's hub has started a server: its servers' NetworkPolicy is in the namespace
+    kube_hub.create_user("gail")
+    kube_hub.start_server("gail", profile="cpu")
+    stock = make_hub(
+        kube_hub_overlay(cluster, STOCK_KUBESPAWNER_OVERLAY),
+        name="stock",
+        env={"KUBECONFIG": str(cluster.kubeconfig)},
+    )
+    stock.create_user("stan")
+    # no options: JupyterHub's own behaviour, not gpulab's default profile (KubeSpawner without
+    # a profile_list refuses any profile with a 500)
+    r = stock.spawn("stan")
+    assert r.status_code in (201, 202), (r.text, stock.log()[-3000:])
+    stock.wait_ready("stan", timeout=150)
+    # the stock server checks a token with its own hub's API: gpulab's policy must not hold
+    # it to gpulab's hub's ports
+    answer = httpx.get(
+        f"{stock.url}/user/stan/api/status",
+        headers={"Authorization": f"token {stock.token}"},
+        timeout=60,
+    )
+    assert answer.status_code == 200, (answer.status_code, answer.text[:500])
+    stock.stop_server("stan")
+    kube_hub.stop_server("gail")
 
 
 def test_ninth_whole_gpu_on_eight_is_refused_not_left_pending(kube_hub, cluster):

@@ -94,13 +94,15 @@ def _env_of(pod: dict) -> dict[str, str]:
 
 
 def _pvc_exists(cluster: DevCluster, name: str) -> bool:
+    """A claim that is gone, or deleted and waiting on its `pvc-protection` finalizer (which the
+    controller manager removes once no pod uses it, a moment after the delete), does not exist."""
     try:
-        cluster.api("GET", f"/api/v1/namespaces/default/persistentvolumeclaims/{name}")
+        pvc = cluster.api("GET", f"/api/v1/namespaces/default/persistentvolumeclaims/{name}")
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return False
         raise
-    return True
+    return not pvc["metadata"].get("deletionTimestamp")
 
 
 @pytest.fixture(scope="module")
