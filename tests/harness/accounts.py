@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from gpulab.spawner.local.accounts import SystemAccount, ensure_account
+from tests.harness import leftovers
 from tests.harness.hub import PASSABLE_ROOT, pids_of_uid, remove_account
 
 __all__ = ["UID_RANGE", "TestAccounts", "pids_of_uid"]
@@ -34,6 +35,7 @@ class TestAccounts:
         PASSABLE_ROOT.mkdir(mode=0o711, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix="accounts-", dir=PASSABLE_ROOT))
         os.chmod(self.root, 0o711)
+        leftovers.claim(self.root, account_prefix=self.prefix)  # a killed run's: swept later
         self.accounts: list[SystemAccount] = []
 
     def make(self, name: str) -> SystemAccount:

@@ -38,7 +38,8 @@ import pytest
 from hypothesis import settings
 from traitlets.config import Config
 
-from tests.harness.hub import Hub
+from tests.harness import leftovers
+from tests.harness.hub import PASSABLE_ROOT, Hub
 from tests.harness.tiers import take_started
 
 # The dev cluster, Playwright and the lab server are imported where a fixture starts one: the plugin
@@ -108,9 +109,17 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     return result
 
 
-# The dev-cluster tests (marked `kube`) never share a run with pytest-xdist workers: `bash .ci/dev
-# test` runs them after the rest, in a pytest of their own, since two clusters at once would share
-# pod addresses and the node agents' nftables table. (An xdist_group set here was never seen:
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """What an earlier run that was killed before its teardowns left (hubs, their servers,
+    kernels and Dask clusters, test accounts) is removed first (tests/harness/leftovers.py)."""
+    removed = leftovers.sweep(PASSABLE_ROOT)
+    if removed:
+        print(f"tests: removed what killed test runs left: {', '.join(removed)}")
+
+
+# The dev-cluster tests (marked `kube`) never share a pytest with pytest-xdist workers: `bash
+# .ci/dev test` runs them in a pytest of their own (beside the rest, or after it), since two
+# clusters at once in one run would share pod addresses and the node agents' nftables table. (An xdist_group set here was never seen:
 # pytest-xdist reads groups before conftest hooks add them.)
 
 

@@ -36,6 +36,7 @@ from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 from traitlets.config import Config, LazyConfigValue
 
+from tests.harness import leftovers
 from tests.harness.kernel_ws import execute
 from tests.harness.ports import free_port
 from tests.harness.tiers import note_started
@@ -189,6 +190,12 @@ class Hub:
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
         self.overlay_path = self.state_dir / "test_config.py"
+        # what a killed test run leaves of this hub, the next run removes (leftovers.py)
+        leftovers.claim(
+            self.state_dir,
+            account_prefix=self.account_prefix,
+            marker=f"GPULAB_CONFIG={self.overlay_path}",
+        )
         self.overlay_path.write_text(
             "c = get_config()  # noqa\n"
             f"c.JupyterHub.services.append({{'name': 'gpulab-test', 'api_token': {self.token!r}}})\n"

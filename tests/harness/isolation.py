@@ -24,6 +24,17 @@ from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClosedError, websocket_connect
 
 from tests.harness.hub import Hub, run_in_kernel
+from tests.harness.isolation_dask import (
+    dask_pids,
+    is_loopback,
+    listening_sockets,
+    machine_addresses,
+    outcome,
+    probe_code,
+    run_probe_here,
+    start_victim_cluster,
+    stop_victim_cluster,
+)
 
 ATTACKER, VICTIM = "mallory", "victor"
 
@@ -122,6 +133,8 @@ async def kernel_attacks(hub: Hub) -> list[Attempt]:
         "hub checkpoint secret": str(state / "gpulab-checkpoint-secret"),
         "allocations database": str(state / "gpulab-allocations.sqlite"),
         "initial admin password": str(state / "initial-admin-password"),
+        # `gpulab stop`'s token (the shutdown scope): the hub's account's alone (0600)
+        "hub stop token": str(state / "gpulab-stop.json"),
     }
     missing = [name for name, path in reads.items() if not Path(path).exists()]
     assert not missing, f"the probe's targets must exist to prove anything: {missing}"
@@ -280,6 +293,7 @@ for name, method, path in [
     ("read the victim with the server's token", "GET", "/users/{VICTIM}"),
     ("stop the victim's server with the server's token", "DELETE", "/users/{VICTIM}/server"),
     ("list users with the server's token", "GET", "/users"),
+    ("shut the hub down with the server's token", "POST", "/shutdown"),
 ]:
     req = urllib.request.Request(api + path, method=method, headers={{"Authorization": "token " + token}})
     try:
@@ -354,7 +368,41 @@ async def local_attack_suite(hub: Hub) -> list[Attempt]:
     attempts += await input_attacks(hub, victim)
     attempts += await fifo_deputy_attacks(hub, victim)
     attempts += await deputy_attacks(hub)
+    attempts += await dask_attacks(hub)
     return attempts
+
+
+async def dask_attacks(hub: Hub) -> list[Attempt]:
+    """The victim's Dask cluster (scheduler and one worker, processes of her account) against
+    the attacker's kernel on every address of this machine, and against a client of this
+    process (no tenant) on every address but loopback: tests/harness/isolation_dask.py."""
+    cluster = start_victim_cluster(hub, VICTIM)
+    try:
+        sockets = listening_sockets(dask_pids(hub.account(VICTIM).pw_uid))
+        ports = sorted({port for _address, port in sockets})
+        # the scheduler's comm and dashboard, the worker's nanny, comm and HTTP server
+        assert len(ports) >= 5, (
+            f"the victim's Dask processes must listen to prove anything: {sockets}"
+        )
+        addresses = machine_addresses()
+        targets = [
+            (f"{address} port {port}", address, port, is_loopback(address))
+            for address in addresses
+            for port in ports
+        ]
+        out = await run_in_kernel(hub, ATTACKER, probe_code(targets), timeout=300)
+        from_kernel = json.loads(out.splitlines()[-1])
+        off_loopback = [t for t in targets if not t[3]]
+        from_outside = run_probe_here(off_loopback)
+    finally:
+        stop_victim_cluster(hub, VICTIM, cluster)
+    return [
+        Attempt("dask", f"her kernel, {name}", outcome(result), result)
+        for name, result in from_kernel.items()
+    ] + [
+        Attempt("dask", f"off loopback, {name}", outcome(result), result)
+        for name, result in from_outside.items()
+    ]
 
 
 # Runs in the attacker's kernel: a FIFO where the hub looks for her kernel checkpoint's manifest

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from gpulab.devcluster import DevCluster
 from gpulab.devcluster.agent import podnet
-from gpulab.spawner.names import PUSH_URL_ENV
+from gpulab.spawner.names import DASK_CLUSTER_LABEL, PUSH_URL_ENV
 from gpulab.spawner.workspaces.kube import KEY_FILE as CHECKPOINT_KEY_FILE
 from tests.harness.hub import Hub, run_in_kernel
 from tests.harness.isolation import (
@@ -32,6 +32,13 @@ from tests.harness.isolation import (
     input_attacks,
     prepare_victim,
     server_token_attacks,
+)
+from tests.harness.isolation_dask import (
+    listening_sockets,
+    outcome,
+    probe_code,
+    start_victim_cluster,
+    stop_victim_cluster,
 )
 
 # -- Kubernetes (GPUKubeSpawner on the dev cluster) ------------------------------------------------
@@ -260,10 +267,11 @@ async def kube_kernel_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
         "list the cluster's etcd data": str(cluster.state_dir / "etcd"),
         "list the hub's state": str(state),
     }
-    # the token Kubernetes would mount: the namespace's default ServiceAccount has one, so only
-    # automountServiceAccountToken: false keeps it out of the pod
+    # the token Kubernetes would mount: the API server gives every pod of the namespace's default
+    # ServiceAccount a projected token (TokenRequest), so only automountServiceAccountToken:
+    # false keeps it out of the pod
     default_sa = cluster.api("GET", "/api/v1/namespaces/default/serviceaccounts/default")
-    assert default_sa.get("secrets"), "the default ServiceAccount has no token to mount"
+    assert default_sa["metadata"]["name"] == "default", "no default ServiceAccount to mount"
     reads["service-account token"] = SERVICE_ACCOUNT_TOKEN
 
     victim_ip = victim_pod["status"]["podIP"]
@@ -366,4 +374,72 @@ async def kube_attack_suite(hub: Hub, cluster: DevCluster, profile: str = "cpu")
         snapshot_root=cluster.state_dir / "agent",  # snapshot trees and the restored volume
         profile=profile,
     )
+    attempts += await kube_dask_attacks(hub, cluster)
     return attempts + [Attempt(f"kube:{a.category}", a.name, a.outcome, a.detail) for a in shared]
+
+
+def _pids_in_pod_network(ip: str) -> list[int]:
+    """This machine's pids in the network namespace of the pod with address `ip` (the pod's
+    processes: the node agent runs them here, each pod in a namespace of its own). Found by the
+    namespace, not by environment or command line: distributed's processes retitle themselves,
+    which overwrites what /proc shows of both."""
+    try:
+        want = os.stat(podnet.NETNS_DIR / podnet.pod_link_name(ip)).st_ino
+    except OSError:
+        return []
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(proc / "ns" / "net").st_ino == want:
+                    pids.append(int(proc.name))
+    return pids
+
+
+async def kube_dask_attacks(hub: Hub, cluster: DevCluster) -> list[Attempt]:
+    """The victim's Dask cluster on Kubernetes (its scheduler's and worker's pods, made by the
+    dask-kubernetes operator) against the attacker's kernel in her pod: every port the cluster's
+    processes listen on, at each pod's address (tests/harness/isolation_dask.py). The clusters'
+    NetworkPolicy must refuse the connections before TLS is tried. It needs the dask operator
+    running (`tests.harness.dask_kube.running_dask_operator`)."""
+    dask_cluster = start_victim_cluster(hub, VICTIM)
+    try:
+        selector = f"{DASK_CLUSTER_LABEL}={dask_cluster['id']},hub.jupyter.org/username={VICTIM}"
+        pods = cluster.api("GET", f"/api/v1/namespaces/default/pods?labelSelector={selector}")[
+            "items"
+        ]
+        targets: list[tuple[str, str, int, bool]] = []
+        # a listener on another address than its pod's (every interface: distributed's default
+        # for a worker's HTTP server) is a leak of its own, whatever the NetworkPolicy stops
+        elsewhere: list[Attempt] = []
+        for pod in pods:
+            ip = pod["status"]["podIP"]
+            role = pod["metadata"]["labels"].get("dask.org/component", "dask")
+            # what the pod's processes listen on, from their own tables
+            bound = sorted(listening_sockets(_pids_in_pod_network(ip)))
+            for address, port in bound:
+                targets.append(
+                    (f"{role} pod {ip} port {port} (bound to {address})", ip, port, False)
+                )
+            others = [f"{a}:{p}" for a, p in bound if a != ip]
+            elsewhere.append(
+                Attempt(
+                    "kube:dask",
+                    f"her {role} pod listens beside its own address {ip}",
+                    "leak" if others or not bound else "refused",
+                    f"also on {', '.join(others)}" if others else f"{len(bound)} listener(s)",
+                )
+            )
+        assert len(targets) >= 5, f"the victim's Dask pods must listen to prove anything: {targets}"
+        closed = [t for t in targets if not _reachable(t[1], t[2])]
+        assert not closed, (
+            f"the probe's addresses must answer from outside to prove anything: {closed}"
+        )
+        out = await run_in_kernel(hub, ATTACKER, probe_code(targets), timeout=300)
+        results = json.loads(out.splitlines()[-1])
+    finally:
+        stop_victim_cluster(hub, VICTIM, dask_cluster)
+    return elsewhere + [
+        Attempt("kube:dask", f"her pod, {name}", outcome(result), result)
+        for name, result in results.items()
+    ]
