@@ -37,6 +37,10 @@ def refusal(check: ModuleType, values: dict[str, Any]) -> str:
         ({"gpulab": {"metrics": {"port": 8081}}}, ["/gpulab/metrics/port"]),
         ({"hub": {"db": {"type": "mysql"}}}, ["/hub/db/type", "must be one of"]),
         ({"singleuser": {"uid": 0}}, ["/singleuser/uid", "minimum"]),
+        (
+            {"gpulab": {"jobs": {"kernelStartTimeoutSeconds": 0}}},
+            ["/gpulab/jobs/kernelStartTimeoutSeconds", "minimum"],
+        ),
     ],
 )
 def test_the_schema_refuses_a_bad_value_naming_its_field(

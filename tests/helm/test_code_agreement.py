@@ -111,6 +111,15 @@ def test_postgresql_and_extra_config_reach_the_hub(check: ModuleType, tmp_path: 
     ]
 
 
+def test_the_jobs_platform_failure_settings_reach_the_hub(
+    check: ModuleType, tmp_path: Path
+) -> None:
+    jobs = {"kernelStartTimeoutSeconds": 240, "platformRetryBackoffSeconds": 0.5}
+    c = hub_config(check.manifests(check.render({"gpulab": {"jobs": jobs}})), tmp_path, {})
+    assert c.GPUJobs.kernel_start_timeout_seconds == 240
+    assert c.GPUJobs.platform_retry_backoff_seconds == 0.5
+
+
 @pytest.mark.parametrize("values_name", ["default", "all options"])
 def test_every_trait_the_chart_sets_exists_and_is_configurable(
     default_objects: list[dict[str, Any]],
