@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,8 @@ class Run:
     wall_ns: list[int] = field(default_factory=list)
     placed: int = 0
     failed: int = 0
+    #: refused pods by the whole GPUs they asked for (0: CPU only or a share of one GPU)
+    refused_by_gpus: Counter[int] = field(default_factory=Counter)
     allocator: Allocator | None = None
 
 
@@ -59,6 +62,7 @@ def replay(
             run.placed += 1
         else:
             run.failed += 1
+            run.refused_by_gpus[req.num_gpu] += 1
         run.curve.arrived.append(arrived)
         run.curve.used.append(alloc.used_gpu_milli)
     return run

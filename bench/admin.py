@@ -32,7 +32,9 @@ Phases, each against the real thing:
    idleness (jupyterhub-idle-culler reads activity only, and the open panel keeps it busy).
 
 Last line: `render_500_s=<x> bulk_stop_50_s=<x> ledger_error_pct=<x> false_culls=<n>`
-(targets: render <= 2 s, bulk stop <= 30 s, ledger error < 1 %, false culls 0).
+(targets: render <= 2 s, bulk stop <= 30 s, ledger error < 1 %, false culls 0); a skipped
+phase's field is n/a, the line before it saying so. --quick (a few minutes): 2,000 pods of the
+trace, 100 seeded servers, 2 repeats, 5 real servers stopped (render_100_s, bulk_stop_5_s).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from typing import Any
 import httpx
 from traitlets.config import Config
 
+from bench._lastline import print_last_lines
 from bench._openb import node_csv, pods_of
 from bench._spawning import percentile
 from gpulab.hub.allocator import (
@@ -468,28 +471,51 @@ def culling_phase(args: argparse.Namespace, root: Path, out: Results) -> None:
     out.false_culls = false_culls
 
 
-def _fmt(value: float | int | None, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
+#: the sizes of a full run and of --quick (a few minutes: a slice of the trace, fewer seeded
+#: servers, a handful of real ones stopped); a size given on the command line wins over both
+FULL = {
+    "pods": 100_000,
+    "servers": 500,
+    "repeats": 5,
+    "stop": 50,
+    "stop_rounds": 1,
+    "cull_rounds": 1,
+}
+QUICK = {"pods": 2_000, "servers": 100, "repeats": 2, "stop": 5, "stop_rounds": 1, "cull_rounds": 1}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every size resolved (what was given, else --quick's or the full run's)."""
     parser = argparse.ArgumentParser(
         prog="python -m bench.admin", description=__doc__.split("\n")[0]
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few minutes: 2,000 pods, 100 seeded servers, 2 repeats, 5 servers stopped",
+    )
     parser.add_argument("--workload", default="gpushare40")
-    parser.add_argument("--pods", type=int, default=100_000, help="GPU pods of the trace (all)")
+    parser.add_argument("--pods", type=int, help="GPU pods of the trace (all: 100,000)")
     parser.add_argument("--crash-every", type=int, default=400)
     parser.add_argument("--write-lag-seconds", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--servers", type=int, default=500)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--stop", type=int, default=50)
-    parser.add_argument("--stop-rounds", type=int, default=1)
-    parser.add_argument("--cull-rounds", type=int, default=1)
+    parser.add_argument("--servers", type=int, help="seeded servers the panel shows (500)")
+    parser.add_argument("--repeats", type=int, help="renders of each page (5)")
+    parser.add_argument("--stop", type=int, help="real servers stopped at once (50)")
+    parser.add_argument("--stop-rounds", type=int)
+    parser.add_argument("--cull-rounds", type=int)
     parser.add_argument(
         "--skip", action="append", default=[], choices=["ledger", "render", "stop", "culling"]
     )
     args = parser.parse_args(argv)
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     out = Results()
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-admin-") as tmp:
         root = Path(tmp)
@@ -507,13 +533,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'measure':<{width}}  value")
     for name, value in out.rows:
         print(f"{name:<{width}}  {value}")
-    print(
-        f"render_{args.servers}_s={_fmt(out.render_s, '.3f')} "
-        f"bulk_stop_{args.stop}_s={_fmt(out.bulk_stop_s, '.2f')} "
-        f"ledger_error_pct={_fmt(out.ledger_error_pct, '.4f')} "
-        f"false_culls={_fmt(out.false_culls, 'd')}"
-    )
+    print_last_lines(*last_fields(args, out))
     return 0
+
+
+def last_fields(
+    args: argparse.Namespace, out: Results
+) -> tuple[dict[str, str | None], dict[str, str]]:
+    """The last line's fields (None: not measured) and why each None is one (its phase skipped)."""
+
+    def fmt(value: float | int | None, spec: str) -> str | None:
+        return None if value is None else format(value, spec)
+
+    measured = (
+        (f"render_{args.servers}_s", fmt(out.render_s, ".3f"), "render"),
+        (f"bulk_stop_{args.stop}_s", fmt(out.bulk_stop_s, ".2f"), "stop"),
+        ("ledger_error_pct", fmt(out.ledger_error_pct, ".4f"), "ledger"),
+        ("false_culls", fmt(out.false_culls, "d"), "culling"),
+    )
+    fields = {name: value for name, value, _ in measured}
+    why_not = {name: f"--skip {phase}" for name, _, phase in measured if phase in args.skip}
+    return fields, why_not
 
 
 if __name__ == "__main__":

@@ -5,16 +5,20 @@
 
 Prints one table; the last line is machine-readable:
 ``default=<x> gpushare40=<x> multigpu50=<x> gpuspec33=<x> bestfit_default=<x> p99_ms=<x>
-online_default=<x> churn_alloc_vs_fgd=<x>``.
+online_default=<x> churn_alloc_vs_fgd=<x> synthetic_multigpu_vs_fgd=<x>``.
 The headline row is the shipped configuration: the default policy as the hub builds it, learning
 the task mix online from the requests it sees; the row beside it is the same policy handed the
 trace's whole mix in advance (what the FGD paper's method assumes), which the first five figures
 of the last line report. Then a churn replay (``bench/_churn.py``): pods arrive and leave by the
 trace's own times on a contended slice of its nodes, the shipped policy against best-fit and
 gpulab's FGD replica; ``churn_alloc_vs_fgd`` is the shipped policy's mean allocation ratio over
-the contended window minus the replica's. Held out (never tuned on): seeds 45-51 (the full run
-prints the shipped row on those alone; ``--quick`` runs only the tuning seeds 42-44) and the churn
-replay. Method: ``bench/_openb.py`` (sampling, measurement), ``bench/_ilp.py`` (optimality).
+the contended window minus the replica's. Then a multi-GPU-heavy synthetic trace
+(``bench/_synthetic.py``, one list per seed), the shipped policy against the FGD replica and
+best-fit, and the shipped policy's mean allocation ratio there minus the replica's. Held out
+(never tuned on): seeds 45-51 (the full run prints the shipped row on those alone; ``--quick``
+runs only the tuning seeds 42-44), of the openb lists and the synthetic ones alike, and the churn
+replay. Method: ``bench/_openb.py`` (sampling, measurement),
+``bench/_ilp.py`` (optimality).
 """
 
 from __future__ import annotations
@@ -30,20 +34,19 @@ from gpulab.hub.allocator import DEFAULT_POLICY, Inventory, Node, Policy, get_po
 from gpulab.hub.allocator.openb import TracePod, load_openb_nodes
 from gpulab.hub.allocator.policies.fgd import FGD
 from gpulab.hub.allocator.policies.gpulab import GpulabPolicy
-from gpulab.hub.allocator.workload import TaskType, typical_tasks
+from gpulab.hub.allocator.workload import TaskType
 
 from . import _churn, _ilp
 from ._openb import SEEDS, WORKLOADS, node_csv, pods_of, published_mean, sample_pods
 from ._sim import Run, replay
+from ._synthetic import synthetic_pods
 
 CALIBRATION_TOLERANCE = 1.0
 
 
-def workload_tasks(pods: Sequence[TracePod], with_memory: bool) -> tuple[TaskType, ...]:
-    """The target workload of a trace (FGD's typical pods), from every pod of the trace."""
-    return typical_tasks(
-        [p.to_request(f"t{i}") for i, p in enumerate(pods)], with_memory=with_memory
-    )
+def workload_tasks(pods: Sequence[TracePod], policy: type[FGD]) -> tuple[TaskType, ...]:
+    """The target workload of a trace as ``policy`` would learn it, from every pod of the trace."""
+    return policy.mix_of(p.to_request(f"t{i}") for i, p in enumerate(pods))
 
 
 #: the default policy exactly as the hub builds it (``Allocator(policy=DEFAULT_POLICY)`` calls
@@ -57,10 +60,10 @@ def make_policy(name: str, pods: Sequence[TracePod], seed: int) -> Callable[[], 
     if name == SHIPPED:
         return lambda: get_policy(DEFAULT_POLICY, seed)
     if name == GpulabPolicy.name:
-        tasks = workload_tasks(pods, with_memory=True)
+        tasks = workload_tasks(pods, GpulabPolicy)
         return lambda: GpulabPolicy(seed=seed, workload=tasks)
     if name == FGD.name:
-        tasks = workload_tasks(pods, with_memory=False)
+        tasks = workload_tasks(pods, FGD)
         return lambda: FGD(seed=seed, workload=tasks)
     return lambda: get_policy(name, seed)
 
@@ -227,6 +230,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         "trace's times)\n"
     )
 
+    # 2b. held out: a multi-GPU-heavy synthetic trace, one list per seed (bench/_synthetic.py)
+    synth_policies = (
+        (SHIPPED, f"**{DEFAULT_POLICY}, shipped**"),
+        ("fgd", "FGD, gpulab's replica (mix given)"),
+        ("best-fit", "best-fit"),
+    )
+    synth: dict[str, list[Run]] = {name: [] for name, _ in synth_policies}
+    listed = big_pods = big_milli = all_milli = 0
+    big_sizes: set[tuple[int, int]] = set()
+    for seed in seeds:
+        spods = synthetic_pods(seed)
+        big = [p for p in spods if p.num_gpu >= 8]
+        listed += len(spods)
+        big_pods += len(big)
+        big_milli += sum(p.total_gpu_milli for p in big)
+        all_milli += sum(p.total_gpu_milli for p in spods)
+        big_sizes.update((p.cpu_milli, p.memory_mib) for p in big)
+        sseq = sample_pods(spods, inv.total_gpu_milli, seed)
+        for name in synth:
+            synth[name].append(replay(inv, sseq, make_policy(name, spods, seed), seed))
+    gaps = [
+        a.curve.at(100) - b.curve.at(100) for a, b in zip(synth[SHIPPED], synth["fgd"], strict=True)
+    ]
+    held_text = f"seeds {', '.join(map(str, held_seeds))}" if held_seeds else "none of these seeds"
+    out.write(
+        f"\nsynthetic multi-GPU-heavy trace (bench/_synthetic.py: {100 * big_pods / listed:.0f} % "
+        f"of pods ask for 8 GPUs, in {len(big_sizes)} CPU/memory sizes, "
+        f"{100 * big_milli / all_milli:.0f} % of the GPU demand; one list per seed; held out: "
+        f"{held_text}), same method and nodes:\n\n"
+        "| policy | alloc % at 100 % demand | lowest seed | 8-GPU pods refused per seed |\n"
+        "|---|---|---|---|\n"
+    )
+    held = [r for s, r in zip(seeds, synth[SHIPPED], strict=True) if s not in TUNING_SEEDS]
+    synth_rows = [(label, synth[name]) for name, label in synth_policies]
+    if held:
+        synth_rows.insert(1, (f"same, held-out seeds only ({len(held)})", held))
+    for label, runs in synth_rows:
+        out.write(
+            f"| {label} | {mean_at_100(runs):.2f} | {min(r.curve.at(100) for r in runs):.2f} | "
+            f"{statistics.fmean(r.refused_by_gpus[8] for r in runs):.1f} |\n"
+        )
+    synth_gap = statistics.fmean(gaps)
+    out.write(
+        f"shipped - FGD replica: {synth_gap:+.2f} points (per seed {min(gaps):+.2f} to {max(gaps):+.2f})\n"
+    )
+
     # 3. latency
     latencies.sort()
     walls.sort()
@@ -289,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         " ".join(f"{w}={results[w]:.2f}" for w in WORKLOADS)
         + f" bestfit_default={calib['best-fit']:.2f} p99_ms={p99:.3f}"
         + (f" online_default={shipped['default']:.2f}" if shipped else "")
-        + f" churn_alloc_vs_fgd={churn_gap:+.2f}\n"
+        + f" churn_alloc_vs_fgd={churn_gap:+.2f}"
+        + f" synthetic_multigpu_vs_fgd={synth_gap:+.2f}\n"
     )
     gc.unfreeze()
     return 0 if ok else 1

@@ -2,7 +2,9 @@
 embedded-default hub with per-user accounts ("local:") and against a real hub with GPUKubeSpawner
 on the dev cluster ("kube:"), as one table of attempts by category.
 
-    .venv/bin/python -m bench.isolation [--backend local|kube|both] [--verbose]   (as root)
+    .venv/bin/python -m bench.isolation [--quick] [--backend local|kube|both] [--verbose]   (root)
+
+--quick: the local backend only (no dev cluster to start), unless --backend names one.
 
 Last line, over the backends run: attempts=<n> leaks=<n> server_errors=<n> (the goal: leaks 0,
 server_errors 0).
@@ -12,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from tests.harness.cluster import running_dev_cluster
+from tests.harness.dask_kube import running_dask_operator
 from tests.harness.hub import Hub
 from tests.harness.isolation import Attempt, local_attack_suite, table
 from tests.harness.isolation_kube import kube_attack_suite, metadata_endpoint
@@ -48,8 +52,13 @@ async def run_kube(tmp: Path) -> list[Attempt]:
         )
         try:
             hub.start()
-            with metadata_endpoint():
-                return await kube_attack_suite(hub, cluster)  # categories are "kube:" already
+            with contextlib.ExitStack() as operator:
+                # the operator makes the victim's Dask cluster's pods (the Dask attempts); it
+                # applies its CRDs with asyncio.run, so it starts off this loop
+                log = tmp / "dask-operator.log"
+                await asyncio.to_thread(operator.enter_context, running_dask_operator(cluster, log))
+                with metadata_endpoint():
+                    return await kube_attack_suite(hub, cluster)  # categories are "kube:" already
         finally:
             hub.close()
             hub.cleanup()
@@ -72,16 +81,30 @@ async def run(backends: list[str], verbose: bool) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.isolation", description=__doc__)
-    parser.add_argument("--backend", choices=[*BACKENDS, "both"], default="both")
+    parser.add_argument(
+        "--quick", action="store_true", help="the local backend only (a few minutes)"
+    )
+    parser.add_argument(
+        "--backend", choices=[*BACKENDS, "both"], default=None, help="default: both (quick: local)"
+    )
     parser.add_argument("--verbose", action="store_true", help="list every attempt")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def backends_of(args: argparse.Namespace) -> list[str]:
+    """The backends to attack: the one named, else both (--quick: the local one)."""
+    backend = args.backend or ("local" if args.quick else "both")
+    return list(BACKENDS) if backend == "both" else [backend]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if os.geteuid() != 0:
         print("bench.isolation: per-user accounts and the dev cluster need root")
         return 2
-    backends = list(BACKENDS) if args.backend == "both" else [args.backend]
-    return asyncio.run(run(backends, args.verbose))
+    return asyncio.run(run(backends_of(args), args.verbose))
 
 
 if __name__ == "__main__":

@@ -34,15 +34,22 @@ Phases, one after the other (each prints its row(s) of the one table):
    `LIVE_RUNS` unfinished runs right before each event, so some are queued or just admitted when
    the hub goes down). `max_retries` is 0, so a run the hub failed is not hidden by a retry. A
    run is lost when it never ends, ends other than succeeded, its output file is not what it
-   must be, or its log misses a step.
+   must be, its log misses a step, or it took more than one attempt of its own (attempts that
+   failed before the job's code started, `platform_failure`, are the platform's retries and are
+   counted apart). `--cpu-hog N` runs N busy-loop processes beside this phase (started before its
+   first event, stopped after its last run ended), the load under which a kernel once took
+   longer than nbclient's start-up wait.
 5. node loss (dev cluster): `_node_loss_phase` stops the node under a running checkpointing
    script job (`gpulab dev-cluster stop-node`) and times from the node turning NotReady to the
    run printing, on another node, that it resumed from its checkpoint. It runs once the
-   Kubernetes backend runs jobs (`GPUKubeSpawner.job_executor`); until then the table says why
-   not and the last line says `node_loss_resume_s=n/a`.
+   Kubernetes backend runs jobs (`GPUKubeSpawner.job_executor`) and the dev cluster's binaries
+   are here; `--quick` measures it too (one node loss, as always) but cancels the run once it
+   resumed instead of waiting for its end. Where it cannot run, the table and the line before
+   the last say why and the last line says `node_loss_resume_s=n/a`.
 
     .venv/bin/python -m bench.jobs [--quick] [--jobs 30] [--cancels 20] [--log-runs 5]
-                                   [--restarts 20] [--culls 20] [--no-node-loss]     (as root)
+                                   [--restarts 20] [--culls 20] [--no-node-loss]
+                                   [--cpu-hog N]                                    (as root)
 
 Last line: submit_ratio=<gpulab p50 / anchor p50, submit-to-done> cancel_free_p95_s=<x>
 log_p95_s=<x> lost_runs=<n> node_loss_resume_s=<x or n/a>. Targets: lost_runs 0,
@@ -52,6 +59,7 @@ cancel_free_p95_s <= 10, log_p95_s <= 2, node_loss_resume_s <= 90.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -61,27 +69,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 import httpx
 import nbformat
 from traitlets.config import Config
 
+from bench._lastline import print_last_lines
 from bench._spawning import percentile
-from gpulab.spawner.names import CHECKPOINT_DIR_ENV, JOB_OUTPUT_DIR_ENV
-from tests.harness.hub import BIN, Hub, merged
-from tests.harness.jobs import put, user_client
+from bench.jobs_common import TERMINAL, USER, BenchError, Gpulab, Results
+from bench.jobs_node_loss import node_loss
+from gpulab.spawner.names import JOB_OUTPUT_DIR_ENV
+from tests.harness.hub import Hub
+from tests.harness.jobs import put
 from tests.harness.labserver import LabServer
 
-USER = "bench"
-PROFILE = "gpu-quarter"
 #: simulated GPUs, as the job tests use; everything else is the shipped embedded default
 GPULAB_OVERLAY = Config(GPUCapacity={"declared_inventory": "1 x A100-SXM4-80GB"})
 ANCHOR_EXTENSIONS = {"jupyter_scheduler": True, "jupyterlab_gpulab": False}
-TERMINAL = ("succeeded", "failed", "canceled", "timed_out", "preempted")
 #: unfinished runs kept during the durability phase (4 would fill the user's 1-GPU quota)
 LIVE_RUNS = 3
 STEP_SECONDS = 0.5
@@ -127,102 +133,7 @@ NOTEBOOKS = {
     ),
 }
 
-#: the node-loss job: a script that checkpoints each step and says where it resumed from
-CHECKPOINTING_SCRIPT = f"""\
-import os, sys, time
-steps = int(sys.argv[1])
-ckpt = os.path.join(os.environ[{CHECKPOINT_DIR_ENV!r}], "step")
-start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-print(f"resumed from step {{start}}" if start else "fresh start", flush=True)
-for step in range(start, steps):
-    time.sleep(1)
-    with open(ckpt + ".tmp", "w") as f:
-        f.write(str(step + 1))
-    os.replace(ckpt + ".tmp", ckpt)
-    print(f"step {{step + 1}}", flush=True)
-"""
-
-
-class BenchError(RuntimeError):
-    """A phase could not measure what it was asked to (the message says what happened)."""
-
-
 # -- the two sides ---------------------------------------------------------------------------------
-
-
-class Gpulab:
-    """The hub, its user and her token; calls that ride out a hub restart."""
-
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.client = user_client(hub, USER)
-        self.jobs = f"/users/{USER}/jobs"
-
-    def call(self, method: str, path: str, timeout: float = 120, **kw: Any) -> httpx.Response:
-        """The response, retried while the hub (or its job service) is down or starting: only
-        for calls that change nothing when refused (a 503 makes no run)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                r = self.client.request(method, path, **kw)
-                if r.status_code not in (502, 503) or time.monotonic() > deadline:
-                    return r
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.2)
-
-    def submit(self, body: dict[str, Any]) -> tuple[int, float]:
-        t0 = time.time()
-        r = self.call("POST", self.jobs, json={"profile": PROFILE, "max_retries": 0, **body})
-        if r.status_code != 201:
-            raise BenchError(f"submit refused: {r.status_code} {r.text}")
-        return int(r.json()["id"]), t0
-
-    def run(self, run_id: int) -> dict[str, Any]:
-        r = self.call("GET", f"{self.jobs}/{run_id}")
-        if r.status_code != 200:
-            raise BenchError(f"run {run_id}: {r.status_code} {r.text}")
-        return dict(r.json())
-
-    def wait(
-        self,
-        run_id: int,
-        states: tuple[str, ...] = TERMINAL,
-        timeout: float = 180,
-        poll: float = 0.1,
-    ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            run = self.run(run_id)
-            if run["state"] in states:
-                return run
-            if time.monotonic() > deadline:
-                raise BenchError(f"run {run_id} still {run['state']} after {timeout} s: {run}")
-            time.sleep(poll)
-
-    def log(self, run_id: int, attempt: int | None = None) -> str:
-        """The stdout log of the run's (last) attempt, whole."""
-        text, offset = "", 0
-        while True:
-            params: dict[str, Any] = {"offset": offset}
-            if attempt is not None:
-                params["attempt"] = attempt
-            r = self.call("GET", f"{self.jobs}/{run_id}/logs", params=params)
-            if r.status_code != 200:
-                raise BenchError(f"log of run {run_id}: {r.status_code} {r.text}")
-            body = r.json()
-            text += body["data"]
-            if body["next_offset"] == offset:
-                return text
-            offset = body["next_offset"]
-
-    def free(self) -> int:
-        r = self.call("GET", "/capacity")
-        if r.status_code != 200:
-            raise BenchError(f"capacity: {r.status_code} {r.text}")
-        (profile,) = [p for p in r.json()["profiles"] if p["slug"] == PROFILE]
-        return int(profile["free"])
 
 
 class Anchor:
@@ -270,24 +181,6 @@ def gpulab_run_once(side: Gpulab, notebook: str, name: str) -> tuple[float, floa
 
 
 # -- phases ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Results:
-    running: dict[str, list[float]] = field(default_factory=lambda: {"anchor": [], "gpulab": []})
-    done: dict[str, list[float]] = field(default_factory=lambda: {"anchor": [], "gpulab": []})
-    cancel_answer: list[float] = field(default_factory=list)
-    cancel_free: list[float] = field(default_factory=list)
-    log_latency: list[float] = field(default_factory=list)
-    log_lines_missing: int = 0
-    durable_runs: int = 0
-    lost: list[str] = field(default_factory=list)
-    restarts: int = 0
-    #: unfinished durable runs by state, summed over the moments just before each event
-    states_at_events: dict[str, int] = field(default_factory=dict)
-    culls: int = 0
-    node_loss_s: float | None = None
-    node_loss_note: str = ""
 
 
 def submit_phase(anchor: Anchor, gpulab: Gpulab, jobs: int, out: Results) -> None:
@@ -458,141 +351,14 @@ def durability_phase(gpulab: Gpulab, restarts: int, culls: int, steps: int, out:
             continue
         log = gpulab.log(run_id)
         missing = [s for s in range(steps) if f"step {s}\n" not in log]
-        if missing or len(run["attempts"]) != 1:
+        platform = [a for a in run["attempts"] if a.get("platform_failure")]
+        out.platform_retries += len(platform)
+        own = len(run["attempts"]) - len(platform)
+        if missing or own != 1:
             out.lost.append(
-                f"run {run_id}: {len(run['attempts'])} attempts, log misses steps {missing[:5]}"
+                f"run {run_id}: {own} attempts of its own ({len(platform)} failed before its code "
+                f"started: {[a['reason'] for a in platform]}), log misses steps {missing[:5]}"
             )
-
-
-# -- node loss (dev cluster) -------------------------------------------------------------------------
-
-
-def node_loss_unavailable() -> str | None:
-    """Why the node-loss phase cannot run here (None: it can)."""
-    from gpulab.hub.jobservice.executor import RunsJobs
-    from gpulab.spawner.kube.spawner import GPUKubeSpawner
-
-    if not isinstance(GPUKubeSpawner, RunsJobs):
-        return "the Kubernetes backend runs no jobs yet (GPUKubeSpawner.job_executor)"
-    return None
-
-
-NODE_LOSS_NODES = ("bench-loss-a", "bench-loss-b")
-NODE_LOSS_PROFILE = "a100-1"  # whole GPUs: the nodes have no MIG devices
-NODE_LOSS_STEPS = 150
-
-
-def _node_ready(cluster: Any, node: str) -> bool:
-    conditions = cluster.api("GET", f"/api/v1/nodes/{node}")["status"].get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def _node_loss_phase(cluster: Any, hub: Hub) -> float:
-    """Seconds from the node under a running checkpointing job turning NotReady to the run
-    printing, in a new attempt on another node, that it resumed from its checkpoint.
-
-    `cluster`: a running `gpulab.devcluster.DevCluster` with the nodes NODE_LOSS_NODES; `hub`: a
-    started hub with GPUKubeSpawner on it (`tests.harness.kube.kube_hub_overlay`). Everything
-    goes through the REST API with the user's token, the input file through her server's
-    contents API (where her pods see it), the failure through `gpulab dev-cluster stop-node`."""
-    hub.create_user(USER)
-    hub.start_server(USER, profile="cpu")
-    side = Gpulab(hub)
-    contents = httpx.Client(
-        base_url=f"{hub.url}/user/{USER}/api/contents",
-        headers=side.client.headers,
-        timeout=60,
-    )
-    r = contents.put(
-        "/checkpointing.py",
-        json={"type": "file", "format": "text", "content": CHECKPOINTING_SCRIPT},
-    )
-    if r.status_code not in (200, 201):
-        raise BenchError(f"writing the job's script through her server: {r.status_code} {r.text}")
-    # her server is gone before the job starts: a ReadWriteOnce home mounted by a running server
-    # on one node refuses a job on another (`spawner/kube/jobs.py`), and the run must move
-    hub.stop_server(USER)
-    run_id, _ = side.submit(
-        {
-            "name": "node-loss",
-            "kind": "script",
-            "path": "checkpointing.py",
-            "args": [str(NODE_LOSS_STEPS)],
-            "profile": NODE_LOSS_PROFILE,
-            "max_retries": 3,
-        }
-    )
-    run = side.wait(run_id, ("running", *TERMINAL), timeout=300)
-    if run["state"] != "running":
-        raise BenchError(f"node-loss run {run_id}: {run['state']} {run['reason']}")
-    deadline = time.monotonic() + 120
-    while "step 5\n" not in side.log(run_id):  # a few checkpoints written
-        if time.monotonic() > deadline:
-            raise BenchError(f"node-loss run {run_id} wrote no checkpoint in 120 s")
-        time.sleep(0.5)
-    node = side.run(run_id)["attempts"][-1]["node"]
-    subprocess.run(
-        [
-            str(BIN / "gpulab"),
-            "dev-cluster",
-            "--state-dir",
-            str(cluster.state_dir),
-            "stop-node",
-            node,
-        ],
-        check=True,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while _node_ready(cluster, node):
-            if time.monotonic() > deadline:
-                raise BenchError(f"node {node} still Ready 300 s after stop-node")
-            time.sleep(0.2)
-        not_ready = time.monotonic()
-        ended_since: float | None = None  # a failed attempt's run is queued again right after
-        while True:
-            run = side.run(run_id)
-            attempt = run["attempts"][-1]
-            if attempt["node"] != node and attempt["state"] == "running":
-                log = side.log(run_id, attempt=attempt["number"])
-                if "resumed from step" in log:
-                    resumed = time.monotonic() - not_ready
-                    break
-            ended_since = (ended_since or time.monotonic()) if run["state"] in TERMINAL else None
-            now = time.monotonic()
-            if (ended_since and now - ended_since > 15) or now - not_ready > 600:
-                raise BenchError(f"node-loss run {run_id} did not resume on another node: {run}")
-            time.sleep(0.2)
-        run = side.wait(run_id, ("succeeded",), timeout=NODE_LOSS_STEPS * 2 + 120, poll=1)
-        return resumed
-    finally:
-        cluster.start_node(node)
-
-
-def node_loss(root: Path, out: Results, skip: str | None) -> None:
-    why = skip or node_loss_unavailable()
-    if why is not None:
-        out.node_loss_note = f"not measured: {why}"
-        return
-    from gpulab.devcluster import NodeSpec
-    from tests.harness.cluster import running_dev_cluster
-    from tests.harness.kube import KUBE_HUB_OVERLAY, kube_hub_overlay
-
-    nodes = [NodeSpec(name, gpus=2, zone="zone-a") for name in NODE_LOSS_NODES]
-    with running_dev_cluster(root / "cluster", nodes) as cluster:
-        # the shipped node_failure_seconds (30 s), not the tests' 2 s: what an install gets
-        overlay = kube_hub_overlay(
-            cluster,
-            merged(KUBE_HUB_OVERLAY, Config(GPUKubeSpawner={"node_failure_seconds": 30})),
-        )
-        hub = Hub(root / "kube-hub", overlay, env=cluster.env())
-        try:
-            hub.start()
-            out.node_loss_s = _node_loss_phase(cluster, hub)
-            out.node_loss_note = f"node of {NODE_LOSS_NODES} stopped under a checkpointing run"
-        finally:
-            hub.close()
-            hub.cleanup()
 
 
 # -- the table ---------------------------------------------------------------------------------------
@@ -632,10 +398,15 @@ def print_table(out: Results) -> float:
         f"{'log line to client (SSE through the proxy)':<{w}} {_stats(out.log_latency)}"
         f"  target p95 <= 2 s; {out.log_lines_missing} lines missing"
     )
+    hogs = f", {out.cpu_hogs} CPU hogs beside it" if out.cpu_hogs else ""
     print(
         f"{'runs lost through restarts and culls':<{w}} {len(out.lost):>4} {'':>8} {'':>8} "
-        f"{'':>8}  {out.durable_runs} runs, {out.restarts} hub restarts, {out.culls} culls; "
-        "target 0"
+        f"{'':>8}  {out.durable_runs} runs, {out.restarts} hub restarts, {out.culls} culls"
+        f"{hogs}; target 0"
+    )
+    print(
+        f"    attempts that failed before the job's code started (retried, not lost): "
+        f"{out.platform_retries}"
     )
     hit = ", ".join(f"{n} {state}" for state, n in sorted(out.states_at_events.items()))
     print(f"    unfinished runs at the events (summed): {hit or 'none'}")
@@ -649,8 +420,9 @@ def print_table(out: Results) -> float:
     return ratios["submit-to-done"]
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None or math.isnan(value) else f"{value:.3f}"
+def _fmt(value: float | None) -> str | None:
+    """The last line's value (None: n/a, whose reason the line before gives)."""
+    return None if value is None or math.isnan(value) else f"{value:.3f}"
 
 
 def _p95(values: list[float]) -> float | None:
@@ -671,7 +443,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-node-loss", action="store_true", help="skip the dev-cluster node-loss phase"
     )
+    parser.add_argument(
+        "--cpu-hog",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy-loop processes beside the lost-runs phase (the machine under load)",
+    )
     args = parser.parse_args(argv)
+    if args.cpu_hog < 0:
+        parser.error(f"--cpu-hog: a number of processes from 0, not {args.cpu_hog}")
     q = args.quick
     jobs = args.jobs if args.jobs is not None else (3 if q else 30)
     cancels = args.cancels if args.cancels is not None else (3 if q else 20)
@@ -683,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench.jobs: gpulab runs jobs as each user's own account; run it as root")
         return 2
-    skip_node_loss = "--no-node-loss" if args.no_node_loss else ("--quick" if q else None)
+    skip_node_loss = "--no-node-loss" if args.no_node_loss else None
 
     out = Results()
     load0 = os.getloadavg()
@@ -707,7 +488,9 @@ def main(argv: list[str] | None = None) -> int:
             lab.stop()  # the anchor's part is done: leave the machine to the hub
             cancel_phase(gpulab, cancels, out)
             log_phase(gpulab, log_runs, lines, out)
-            durability_phase(gpulab, restarts, culls, steps, out)
+            with cpu_hogs(args.cpu_hog):
+                out.cpu_hogs = args.cpu_hog
+                durability_phase(gpulab, restarts, culls, steps, out)
         except BaseException:
             print(hub.log()[-3000:], file=sys.stderr)
             raise
@@ -715,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             lab.stop()
             hub.close()
             hub.cleanup()
-        node_loss(root, out, skip_node_loss)
+        node_loss(root, out, skip_node_loss, finish=not q)
 
     ratio = print_table(out)
     load1 = os.getloadavg()
@@ -723,13 +506,33 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs; 1-min load {load0[0]:.2f} at the start, {load1[0]:.2f} at the "
         f"end; {time.monotonic() - t_start:.0f} s in all"
     )
-    print(
-        f"submit_ratio={ratio:.3f} cancel_free_p95_s={_fmt(_p95(out.cancel_free))} "
-        f"log_p95_s={_fmt(_p95(out.log_latency))} lost_runs={len(out.lost)} "
-        f"node_loss_resume_s={_fmt(out.node_loss_s)}"
+    print_last_lines(
+        {
+            "submit_ratio": f"{ratio:.3f}",
+            "cancel_free_p95_s": _fmt(_p95(out.cancel_free)),
+            "log_p95_s": _fmt(_p95(out.log_latency)),
+            "lost_runs": str(len(out.lost)),
+            "node_loss_resume_s": _fmt(out.node_loss_s),
+        },
+        {"node_loss_resume_s": out.node_loss_note},
     )
-    sys.stdout.flush()
     return 0
+
+
+@contextlib.contextmanager
+def cpu_hogs(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` processes that each keep one CPU busy while the block runs, stopped after."""
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
 
 
 if __name__ == "__main__":

@@ -10,21 +10,30 @@ JupyterHub and kubernetes_asyncio that gpulab uses, and the suite's test extra p
 
 A private dev cluster (one plain node) is started for the run and always taken down; the suite
 finds it through `KUBECONFIG` alone, as it would find kind or minikube. Its single-user pods run
-`jupyterhub-singleuser` and its hub pods `jupyterhub`, which the node agent finds on its PATH
-(gpulab's venv). The plugin `bench/suite_plugins/kubespawner_cluster_tests.py` (loaded with
-`-p`) marks every test whose fixtures include the suite's `kube_client` as a cluster test in the
-junit xml, which is where the figures come from. The suite's namespaces are made beforehand
-with a NetworkPolicy that keeps other machines out (see machine_only_policy for why).
+`jupyterhub-singleuser` of the suite's venv (POD_BIN: Jupyter Server and JupyterLab, as in
+upstream's image, not gpulab's server with its extensions) and its hub pods `jupyterhub` of
+gpulab's venv, which the node agent finds on its PATH. The plugin
+`bench/suite_plugins/kubespawner_cluster_tests.py` (loaded with `-p`) marks every test whose
+fixtures include the suite's `kube_client` as a cluster test in the junit xml, which is where the
+figures come from, and deletes the single-user pods a failed cluster test left behind. The
+suite's namespaces are made beforehand with a NetworkPolicy that keeps other machines out (see
+machine_only_policy for why).
 
 `--shim-ssl-fixture` adds `suite_plugins/jupyterhub6_ssl_fixture.py`, which works around the one
-upstream harness bug that keeps two tests from starting under JupyterHub 6; the table then says
-the run was not unmodified.
+upstream harness bug that keeps two tests from starting under JupyterHub 6; `--shim-wait-up` adds
+`suite_plugins/wait_up_shim.py`, with which KubeSpawner's start() returns once the server listens
+(the suite's check of a started server races its start on a slow machine, see CHECK_UP_RACE); the
+table then says the run was not unmodified.
 
-    .venv/bin/python -m bench.kubespawner_suite [--suite-git URL|PATH] [--keep-xml F]
-        [--shim-ssl-fixture] [-- ARGS]
+    .venv/bin/python -m bench.kubespawner_suite [--quick] [--suite-git URL|PATH] [--keep-xml F]
+        [--shim-ssl-fixture] [--shim-wait-up] [-- ARGS]
     bash .ci/dev kubespawner-suite [same options]      (ARGS go to the suite's pytest, e.g. -k)
 
-Last line: passed=<n> failed=<n> errors=<n> cluster_tests_passed=<k>/<m>.
+`--quick` runs only the suite's spawn-and-start tests (`tests/test_spawner.py -k
+test_spawn_start`), at most 15 minutes.
+
+Last line: passed=<n> failed=<n> errors=<n> cluster_tests_passed=<k>/<m> (every field `n/a`, the
+reason on the line before, when the suite could not be had).
 """
 
 from __future__ import annotations
@@ -44,13 +53,12 @@ import sys
 import tarfile
 import tempfile
 import time
-import xml.etree.ElementTree as ET
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench._lastline import print_last_lines
+from bench._suite_results import LAST_LINE_FIELDS, read_junit, report
 from gpulab.devcluster import DevCluster, NodeSpec, ensure_binaries
 from gpulab.devcluster.agent import netpolicy
 
@@ -59,11 +67,34 @@ DEFAULT_SUITE_GIT = "https://github.com/jupyterhub/kubespawner"
 #: the suite's test extra, pinned: pytest 8 and pytest-asyncio >= 0.23 break its session
 #: event_loop fixture; kubernetes (the sync client, for exec) at the release issue 15 measured
 SUITE_PINS = ("pytest==7.4.4", "pytest-asyncio==0.21.2", "kubernetes==36.0.3")
-#: taken at the versions gpulab itself runs, so the suite tests the KubeSpawner gpulab ships with
-GPULAB_PINNED = ("jupyterhub", "kubernetes_asyncio")
+#: Why the suite's venv has JupyterLab although nothing of the suite imports it: the suite's
+#: check of a started server (`check_up`, eight spawn tests) asks for the server's `/` and wants
+#: 302. Jupyter Server redirects `/` to its default URL, which JupyterHub's extension takes from a
+#: UI extension (JupyterLab: `/lab`), as in KubeSpawner's default image
+#: quay.io/jupyterhub/singleuser (jupyter/base-notebook: JupyterLab and Notebook), where upstream's
+#: CI runs the suite. With no UI extension the default URL is `/` itself, and Jupyter Server
+#: (2.21.1) answers that with its main page, unauthenticated: 200 ("assert '200' == '302'" in six
+#: tests of --quick on 2026-12-07, the first venv with pod-bin, which had no JupyterLab).
+SINGLEUSER_UI = "jupyterlab"
+#: taken at the versions gpulab itself runs, so the suite tests the KubeSpawner gpulab ships with;
+#: jupyter_server and JupyterLab for the suite's single-user pods (see POD_BIN, SINGLEUSER_UI)
+GPULAB_PINNED = ("jupyterhub", "kubernetes_asyncio", "jupyter_server", SINGLEUSER_UI)
+#: Why the suite's pods get a `jupyterhub-singleuser` of the suite's venv (Jupyter Server and
+#: JupyterLab with JupyterHub's extension, as upstream's image has them) rather than gpulab's: the
+#: suite checks a started server from its exec pod four times a second apart, right after the pod
+#: is Running, while gpulab's server first imports its seven extensions (Dask's lab extension alone
+#: takes seconds) and then must reach its hub before it listens; on a loaded small machine that is
+#: longer, and a test fails with "Connection refused" (issue 30: the profile-callback test).
+POD_BIN = "pod-bin"
 PLUGIN_DIR = Path(__file__).resolve().parent / "suite_plugins"
 #: opt-in (--shim-ssl-fixture): the one upstream harness bug worked around, see its doc
 SSL_FIXTURE_SHIM = "jupyterhub6_ssl_fixture"
+#: opt-in (--shim-wait-up): start() returns once the server listens, see its doc and CHECK_UP_RACE
+WAIT_UP_SHIM = "wait_up_shim"
+#: `--quick`: the suite's spawn-and-start tests (a few minutes; the one issue 30 names among
+#: them), under a shorter limit than the whole suite's
+QUICK_ARGS = ("tests/test_spawner.py", "-k", "test_spawn_start")
+QUICK_TIMEOUT_SECONDS = 900.0
 PLUGIN = "kubespawner_cluster_tests"
 #: the namespaces the suite creates and deletes (its kube_ns / kube_another_ns defaults)
 SUITE_NAMESPACES = ("kubespawner-test", "kubespawner-another")
@@ -91,163 +122,22 @@ def machine_only_policy(pod_network: str) -> dict[str, Any]:
     }
 
 
-#: errors of the suite's own harness, not of the cluster or of KubeSpawner: test name ->
-#: (what the error message says, why). Only an error whose message matches is put down to it.
-KNOWN_HARNESS_ISSUES: dict[str, tuple[str, str]] = {
-    name: (
-        "no running event loop",
-        "upstream harness: the session fixture ssl_app is synchronous and calls "
-        "JupyterHub().init_internal_ssl(), whose HTTP client needs a running event loop since "
-        "JupyterHub 6 (fails with or without a cluster)",
-    )
-    for name in ("test_spawn_internal_ssl", "test_variable_expansion")
-}
-
-#: what the dev cluster lacks, recognised in a failure's text (first match wins): the cause
-#: printed beside the test, so the helpers closing these gaps see which tests each one holds back
-KNOWN_CLUSTER_GAPS: tuple[tuple[str, str], ...] = (
-    (
-        "error dialing backend",
-        "the API server could not reach the node's kubelet API for exec/logs (the agent's "
-        "kubeletapi; the suite checks a started server from inside a pod with exec)",
-    ),
-    (
-        "where False = isinstance(None, int)",
-        "a fresh spawner's poll() found a server already running: the pod an earlier test left "
-        "when it failed at exec (run alone, this test fails at exec itself)",
-    ),
-)
-
-
-@dataclass(frozen=True)
-class TestResult:
-    """One testcase of the junit xml."""
-
-    __test__ = False  # not a test class, whatever pytest thinks of its name
-
-    name: str  # module::test[param]
-    outcome: str  # passed, failed, error, skipped
-    needs_cluster: bool
-    message: str  # the first line of the failure, error or skip message ("" if passed)
-    text: str = ""  # the whole failure text, where the causes are recognised
-
-    @property
-    def function(self) -> str:
-        return self.name.split("::")[-1].split("[")[0]
-
-    def known_harness_issue(self) -> str | None:
-        known = KNOWN_HARNESS_ISSUES.get(self.function)
-        if known and self.outcome == "error" and known[0] in self.message:
-            return known[1]
-        return None
-
-    def reason(self) -> str:
-        """One line: a known harness issue, else a known cluster gap, else the message."""
-        harness = self.known_harness_issue()
-        if harness:
-            return harness
-        for signature, cause in KNOWN_CLUSTER_GAPS:
-            if signature in self.text:
-                return f"{cause} [{self.message}]"
-        return self.message or "(no message)"
-
-
-@dataclass(frozen=True)
-class Summary:
-    passed: int
-    failed: int
-    errors: int
-    cluster_tests_passed: int
-    cluster_tests: int
-
-
-LAST_LINE = re.compile(r"^passed=(\d+) failed=(\d+) errors=(\d+) cluster_tests_passed=(\d+)/(\d+)$")
-
-
-def format_last_line(summary: Summary) -> str:
-    return (
-        f"passed={summary.passed} failed={summary.failed} errors={summary.errors} "
-        f"cluster_tests_passed={summary.cluster_tests_passed}/{summary.cluster_tests}"
-    )
-
-
-def parse_last_line(line: str) -> Summary:
-    match = LAST_LINE.match(line.strip())
-    if not match:
-        raise ValueError(f"not a kubespawner_suite last line: {line!r}")
-    return Summary(*(int(group) for group in match.groups()))
-
-
-# -- results -----------------------------------------------------------------------------------
-
-
-def _first_line(text: str | None, limit: int = 140) -> str:
-    line = next((part.strip() for part in (text or "").splitlines() if part.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def read_junit(path: Path) -> list[TestResult]:
-    """The testcases of a pytest junit xml; a testcase with an <error> (a fixture failed in
-    set-up or teardown) counts as an error even if its call passed or failed, as pytest does."""
-    results = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        module = (case.get("classname") or "").replace(".", "/")
-        name = f"{module}.py::{case.get('name')}" if module else str(case.get("name"))
-        props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        outcome, message, text = "passed", "", ""
-        for tag in ("error", "failure", "skipped"):
-            element = case.find(tag)
-            if element is not None:
-                outcome = {"error": "error", "failure": "failed", "skipped": "skipped"}[tag]
-                message = _first_line(element.get("message") or element.text)
-                text = f"{element.get('message') or ''}\n{element.text or ''}"
-                break
-        needs_cluster = props.get("needs_cluster") == "true"
-        results.append(TestResult(name, outcome, needs_cluster, message, text))
-    return results
-
-
-def summarize(results: list[TestResult]) -> Summary:
-    counts = Counter(r.outcome for r in results)
-    cluster = [r for r in results if r.needs_cluster]
-    return Summary(
-        passed=counts["passed"],
-        failed=counts["failed"],
-        errors=counts["error"],
-        cluster_tests_passed=sum(r.outcome == "passed" for r in cluster),
-        cluster_tests=len(cluster),
-    )
-
-
-def report(results: list[TestResult]) -> list[str]:
-    """The table: outcomes split by cluster / no cluster, then every test that did not pass
-    (skips included) with its reason; the last line is format_last_line's."""
-    lines = [f"{'outcome':<10} {'cluster':>8} {'no cluster':>11} {'all':>5}"]
-    for outcome in ("passed", "failed", "error", "skipped"):
-        with_cluster = sum(r.outcome == outcome and r.needs_cluster for r in results)
-        without = sum(r.outcome == outcome and not r.needs_cluster for r in results)
-        lines.append(f"{outcome:<10} {with_cluster:>8} {without:>11} {with_cluster + without:>5}")
-    lines.append(
-        f"{'total':<10} {sum(r.needs_cluster for r in results):>8} "
-        f"{sum(not r.needs_cluster for r in results):>11} {len(results):>5}"
-    )
-    not_passed = [r for r in results if r.outcome != "passed"]
-    if not_passed:
-        lines.append("")
-        lines.append("not passed (outcome | needs cluster | test | reason):")
-        for r in sorted(not_passed, key=lambda r: (not r.needs_cluster, r.outcome, r.name)):
-            reason = r.reason()
-            cluster = "cluster" if r.needs_cluster else "no-cluster"
-            lines.append(f"{r.outcome:<7} | {cluster:<10} | {r.name} | {reason}")
-    lines.append(format_last_line(summarize(results)))
-    return lines
-
-
 # -- the suite and its virtualenv --------------------------------------------------------------
 
 
 class SuiteUnavailable(RuntimeError):
     """The suite of this KubeSpawner version could be found neither on PyPI nor in git."""
+
+
+def how_to_pass_a_clone(version: str) -> str:
+    """What to do where neither the package index nor GitHub can be reached (README says it too)."""
+    return (
+        f"Pass a clone of KubeSpawner that has the tag {version}: on a machine with internet, "
+        f"`git clone {DEFAULT_SUITE_GIT} kubespawner`, copy the folder here, then run with "
+        f"`--suite-git /path/to/kubespawner` (or set "
+        f"GPULAB_KUBESPAWNER_SUITE_GIT); a git URL of a reachable mirror works too. Only its "
+        f"tests/ and pyproject.toml are read, once: the suite is cached in {cache_root()}."
+    )
 
 
 def cache_root() -> Path:
@@ -324,7 +214,7 @@ def _suite_from_git(version: str, source: str, work: Path, dest: Path) -> None:
     except subprocess.CalledProcessError as exc:
         raise SuiteUnavailable(
             f"KubeSpawner {version}'s sdist has no tests/ and its tag could not be cloned from "
-            f"{source}: {exc.stderr.strip()} (pass --suite-git with a reachable clone or URL)"
+            f"{source}: {exc.stderr.strip()}\n{how_to_pass_a_clone(version)}"
         ) from exc
     # the tag must be the release the suite is run against
     declared = re.search(
@@ -367,6 +257,7 @@ def prepare(version: str, suite_git: str, log: Callable[[str], None] = print) ->
                 _run(
                     [str(building / "venv/bin/python"), "-m", "pip", "install", "-q", *requirements]
                 )
+                write_pod_bin(building / POD_BIN, target / "venv/bin/python")
                 (building / "ready.json").write_text(
                     json.dumps({"requirements": requirements, "suite_source": source}, indent=1)
                 )
@@ -378,7 +269,30 @@ def prepare(version: str, suite_git: str, log: Callable[[str], None] = print) ->
     return target / "suite", target / "venv/bin/python"
 
 
+def pod_bin(python: Path) -> Path:
+    """The folder of the suite's pods' commands beside the venv of `python` (see POD_BIN)."""
+    return python.parents[2] / POD_BIN
+
+
+def write_pod_bin(folder: Path, python: Path) -> None:
+    """`folder`/jupyterhub-singleuser running JupyterHub's single-user server with `python` (the
+    venv's final place: its own scripts name the folder it was built in)."""
+    folder.mkdir()
+    script = folder / "jupyterhub-singleuser"
+    script.write_text(f'#!/bin/sh\nexec {python} -m jupyterhub.singleuser "$@"\n')
+    script.chmod(0o755)
+
+
 # -- the run -------------------------------------------------------------------------------
+
+
+def shimmed(shims: list[str]) -> str:
+    """What the opt-in shims change, for the table's heading."""
+    what = {
+        SSL_FIXTURE_SHIM: "the upstream ssl_app fixture shimmed",
+        WAIT_UP_SHIM: "start() waits for the server to listen",
+    }
+    return "; ".join(what[shim] for shim in shims)
 
 
 def admit_this_machine_only(cluster: DevCluster, namespace: str) -> None:
@@ -438,17 +352,45 @@ def main(argv: list[str] | None = None) -> int:
         help="load suite_plugins/jupyterhub6_ssl_fixture.py, which works around the suite's "
         "ssl_app fixture under JupyterHub 6 (not an unmodified run: the table says so)",
     )
+    parser.add_argument(
+        "--shim-wait-up",
+        action="store_true",
+        help="load suite_plugins/wait_up_shim.py: KubeSpawner's start() returns once the server "
+        "listens, as JupyterHub waits for it (the suite's check otherwise races the server's "
+        "start on a slow machine, see CHECK_UP_RACE; not an unmodified run: the table says so)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the suite's spawn-and-start tests (tests/test_spawner.py -k test_spawn_start), "
+        f"at most {QUICK_TIMEOUT_SECONDS:.0f} s",
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to the suite's pytest (e.g. -k X)")
     args = parser.parse_args(argv)
+    timeout = min(args.timeout, QUICK_TIMEOUT_SECONDS) if args.quick else args.timeout
 
     version = importlib.metadata.version(DISTRIBUTION)
+    shims = [
+        shim
+        for shim, wanted in (
+            (SSL_FIXTURE_SHIM, args.shim_ssl_fixture),
+            (WAIT_UP_SHIM, args.shim_wait_up),
+        )
+        if wanted
+    ]
     t0 = time.monotonic()
-    suite, python = prepare(version, args.suite_git)
+    try:
+        suite, python = prepare(version, args.suite_git)
+    except SuiteUnavailable as exc:
+        print(f"kubespawner_suite: {exc}", file=sys.stderr)
+        why = "KubeSpawner's suite could not be had (see above)"
+        print_last_lines(dict.fromkeys(LAST_LINE_FIELDS), dict.fromkeys(LAST_LINE_FIELDS, why))
+        return 2
     ensure_binaries()
     with tempfile.TemporaryDirectory(prefix="gpulab-kubespawner-suite-") as tmp:
         root = Path(tmp)
         junit = root / "junit.xml"
-        cluster = DevCluster(root / "cluster", log=lambda msg: None)
+        cluster = DevCluster(root / "cluster", log=lambda msg: None, pod_bin_dirs=[pod_bin(python)])
         try:
             # one plain node: the suite's pods ask for no GPU and a little CPU and memory
             cluster.up(nodes=[NodeSpec("kubespawner-node", gpus=0, cpu=32, memory_gib=128)])
@@ -460,10 +402,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{netpolicy.unavailable_reason()}"
                 )
             t_suite = time.monotonic()
-            pytest_args = list(args.pytest_args)
-            if args.shim_ssl_fixture:
-                pytest_args = ["-p", SSL_FIXTURE_SHIM, *pytest_args]
-            rc = run_suite(suite, python, cluster.kubeconfig, junit, pytest_args, args.timeout)
+            pytest_args = [*(QUICK_ARGS if args.quick else ()), *args.pytest_args]
+            for shim in shims:
+                pytest_args = ["-p", shim, *pytest_args]
+            rc = run_suite(suite, python, cluster.kubeconfig, junit, pytest_args, timeout)
             suite_seconds = time.monotonic() - t_suite
         finally:
             cluster.down()
@@ -477,11 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"KubeSpawner {version}'s own suite on a fresh dev cluster: {len(results)} tests, "
         f"suite {suite_seconds:.0f} s, whole run {time.monotonic() - t0:.0f} s"
-        + (
-            f" (NOT unmodified: with {SSL_FIXTURE_SHIM}, the upstream ssl_app fixture shimmed)"
-            if args.shim_ssl_fixture
-            else ""
-        )
+        + (f" (NOT unmodified: with {', '.join(shims)}: {shimmed(shims)})" if shims else "")
     )
     print("\n".join(report(results)))
     return 0

@@ -20,8 +20,9 @@ node agent): stock KubeSpawner asking for one whole GPU against GPUKubeSpawner w
 warm pool of a one-GPU profile, alternating; before each warm spawn the pool has a Running member
 pod (untimed). A claim there saves what a real cluster waits for before a pod runs (node
 scale-up, image pull, device plugin), none of which the dev cluster has, so kube_warm_ratio near
-1.0 is the expected figure. It is n/a, with the reason, when the cluster's binaries cannot be
-built. `--kube-only` (bench.spawn --warm --kube-only) runs this part alone.
+1.0 is the expected figure. It is n/a, with the reason on the line before the last, when the
+cluster's binaries cannot be built. `--kube-only` (bench.spawn --warm --kube-only) runs this
+part alone.
 
 Last line: warm_ratio=<warm p50 / stock p50> warm_p95_s=<warm p95> kube_warm_ratio=<x|n/a>
 stampede_failures=<n> vscode_ok=<k>/20
@@ -41,6 +42,7 @@ from typing import Any
 
 from traitlets.config import Config
 
+from bench._lastline import print_last_lines
 from bench._spawning import percentile, print_table, timed_spawn
 from bench.spawn import GPULAB_OVERLAY, STOCK_OVERLAY, _make_system_user
 from tests.harness.hub import Hub, merged
@@ -279,7 +281,8 @@ def wait_service_account(cluster: Any, namespace: str, timeout: float = 60) -> N
     while time.monotonic() < deadline:
         try:
             path = f"/api/v1/namespaces/{namespace}/serviceaccounts/default"
-            if cluster.api("GET", path).get("secrets"):
+            # made by the service-account controller (pods get projected tokens)
+            if cluster.api("GET", path).get("metadata", {}).get("name"):
                 return
         except urllib.error.HTTPError:
             pass
@@ -287,11 +290,12 @@ def wait_service_account(cluster: Any, namespace: str, timeout: float = 60) -> N
     raise TimeoutError(f"namespace {namespace}'s default ServiceAccount not ready")
 
 
-def print_kube(result: tuple[dict[str, list[float]], list[str]] | str) -> str:
-    """The dev cluster's table; kube_warm_ratio's value ('n/a' with the reason printed)."""
+def print_kube(result: tuple[dict[str, list[float]], list[str]] | str) -> str | None:
+    """The dev cluster's table; kube_warm_ratio's value, or None when not measured (the reason
+    is `result` then, which the last lines print)."""
     if isinstance(result, str):
         print(f"dev cluster: kube_warm_ratio=n/a ({result})")
-        return "n/a"
+        return None
     times, kinds = result
     labels = {
         "stock": "KubeSpawner (stock, 1 GPU)",
@@ -304,8 +308,8 @@ def print_kube(result: tuple[dict[str, list[float]], list[str]] | str) -> str:
 
 def main(rounds: int, *, kube_only: bool = False) -> int:
     if kube_only:
-        kube_ratio = print_kube(kube_warm(rounds))
-        print(f"kube_warm_ratio={kube_ratio}")
+        kube = kube_warm(rounds)
+        print_last_lines({"kube_warm_ratio": print_kube(kube)}, _why_not_kube(kube))
         return 0
     stock_user = f"gpulab-bench-{secrets.token_hex(3)}"
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-warm-") as tmp:
@@ -372,11 +376,19 @@ def main(rounds: int, *, kube_only: bool = False) -> int:
         f"VS Code sequence (connect, empty start of named server {CLAIM_PROFILE}, cell, stop): "
         f"{vscode} ok, {vscode_warm} served warm, p50 {_p50(vscode_seconds)} a round"
     )
-    print(
-        f"warm_ratio={warm_ratio:.3f} warm_p95_s={warm_p95:.3f} kube_warm_ratio={kube_ratio} "
-        f"stampede_failures={rush['failures']} vscode_ok={vscode}"
-    )
+    fields = {
+        "warm_ratio": f"{warm_ratio:.3f}",
+        "warm_p95_s": f"{warm_p95:.3f}",
+        "kube_warm_ratio": kube_ratio,
+        "stampede_failures": str(rush["failures"]),
+        "vscode_ok": str(vscode),
+    }
+    print_last_lines(fields, _why_not_kube(kube))
     return 0
+
+
+def _why_not_kube(result: tuple[dict[str, list[float]], list[str]] | str) -> dict[str, str]:
+    return {"kube_warm_ratio": result} if isinstance(result, str) else {}
 
 
 def _p50(values: list[float]) -> str:

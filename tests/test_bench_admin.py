@@ -1,5 +1,6 @@
-"""bench.admin run small: the ledger replay is exact without crashes and close with them, and the
-whole benchmark prints its table and the contract's last line. No timing is asserted."""
+"""bench.admin's command line (--quick and what it selects), and bench.admin run small: the
+ledger replay is exact without crashes and close with them, and the whole benchmark prints its
+table and the contract's last line. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -11,6 +12,28 @@ from pathlib import Path
 import pytest
 
 from bench import admin as bench_admin
+from bench._lastline import last_lines
+
+
+def test_quick_selects_a_slice_of_the_trace_fewer_servers_and_a_few_stops() -> None:
+    full, quick = bench_admin.parse_args([]), bench_admin.parse_args(["--quick"])
+    assert (full.pods, full.servers, full.repeats, full.stop) == (100_000, 500, 5, 50)
+    assert (quick.pods, quick.servers, quick.repeats, quick.stop) == (2_000, 100, 2, 5)
+    assert quick.cull_rounds == 1 and quick.skip == []  # every phase, culling included
+
+
+def test_a_size_given_wins_over_the_quick_ones() -> None:
+    args = bench_admin.parse_args(["--quick", "--servers", "12", "--pods", "300"])
+    assert (args.servers, args.pods, args.stop) == (12, 300, 5)
+
+
+def test_a_skipped_phase_is_n_a_with_the_reason_on_the_line_before() -> None:
+    args = bench_admin.parse_args(["--quick", "--skip", "culling"])
+    out = bench_admin.Results(render_s=0.5, bulk_stop_s=2.0, ledger_error_pct=0.01)
+    fields, why_not = bench_admin.last_fields(args, out)
+    reason, last = last_lines(fields, why_not)
+    assert reason == "n/a: false_culls: --skip culling"
+    assert last == "render_100_s=0.500 bulk_stop_5_s=2.00 ledger_error_pct=0.0100 false_culls=n/a"
 
 
 def test_the_ledger_replay_is_exact_without_crashes_and_close_with_them(tmp_path: Path) -> None:
@@ -67,3 +90,4 @@ def test_the_benchmark_run_small_prints_its_table_and_the_contracts_last_line() 
     assert float(fields["render_12_s"]) > 0 and float(fields["bulk_stop_2_s"]) > 0
     assert float(fields["ledger_error_pct"]) >= 0
     assert fields["false_culls"] == "n/a"  # skipped here
+    assert text.splitlines()[-2] == "n/a: false_culls: --skip culling"

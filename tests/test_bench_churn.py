@@ -73,7 +73,9 @@ def test_the_benchmarks_last_line_carries_every_figure_as_a_number():
         "p99_ms",
         "online_default",
         "churn_alloc_vs_fgd",
+        "synthetic_multigpu_vs_fgd",
     ]
     assert all(math.isfinite(float(v)) for v in fields.values())
     assert 0 < float(fields["online_default"]) <= 100
     assert -100 < float(fields["churn_alloc_vs_fgd"]) < 100
+    assert -100 < float(fields["synthetic_multigpu_vs_fgd"]) < 100

@@ -1,6 +1,7 @@
-"""bench.dask: the whole benchmark run small (stock LocalCluster, and gpulab's clusters through a
-real hub where this checkout runs them): its table, and a last line in the contract's format with
-nothing leaked. No timing is asserted."""
+"""bench.dask: its command line (--quick, and --small its older name), and the whole benchmark
+run quick (stock LocalCluster, and gpulab's clusters through a real hub where this checkout runs
+them): its table, and a last line in the contract's format with nothing leaked. No timing is
+asserted."""
 
 from __future__ import annotations
 
@@ -12,6 +13,36 @@ import os
 import pytest
 
 from bench import dask as bench_dask
+from bench._lastline import last_lines
+
+
+def test_quick_selects_two_workers_and_two_rounds_and_small_is_its_alias() -> None:
+    assert bench_dask.sizes(bench_dask.parse_args([])) == (4, 10, 60.0)
+    assert bench_dask.sizes(bench_dask.parse_args(["--quick"])) == (2, 2, 60.0)
+    assert bench_dask.parse_args(["--small"]).quick
+
+
+def test_a_size_given_wins_over_the_quick_ones() -> None:
+    args = bench_dask.parse_args(["--quick", "--workers", "3", "--leak-wait", "10"])
+    assert bench_dask.sizes(args) == (3, 2, 10.0)
+
+
+def test_a_backend_without_a_ratio_says_why() -> None:
+    assert bench_dask.why_no_ratio(bench_dask.Backend("kube", note="--no-kube")) == "--no-kube"
+    local = bench_dask.Backend("local", missing={"gpulab": "no hub Dask service"})
+    assert bench_dask.why_no_ratio(local) == "gpulab not measured: no hub Dask service"
+
+
+def test_the_last_line_has_a_reason_before_it_for_each_ratio_not_measured() -> None:
+    local, kube = bench_dask.Backend("local"), bench_dask.Backend("kube", note="--no-kube")
+    fields, why_not = bench_dask.last_fields({"local": 0.8312, "kube": None}, [local, kube], 0)
+    assert last_lines(fields, why_not) == [
+        "n/a: kube_up_ratio: kube: --no-kube",
+        "local_up_ratio=0.831 kube_up_ratio=n/a leaked=0",
+    ]
+    fields, why_not = bench_dask.last_fields({"local": math.nan, "kube": 1.0}, [local, kube], 2)
+    assert fields == {"local_up_ratio": None, "kube_up_ratio": "1.000", "leaked": "2"}
+    assert why_not == {"local_up_ratio": "local: no timed round"}
 
 
 def test_the_gpulab_local_side_runs_exactly_when_the_local_backend_runs_clusters() -> None:
@@ -28,10 +59,10 @@ def test_the_gpulab_local_side_runs_exactly_when_the_local_backend_runs_clusters
 @pytest.mark.slow
 @pytest.mark.e2e  # by hand: the benchmark starts its own hub, as outside pytest
 @pytest.mark.skipif(os.geteuid() != 0, reason="gpulab runs clusters as users' own accounts: root")
-def test_the_benchmark_run_small_prints_its_table_and_the_contracts_last_line() -> None:
+def test_the_benchmark_run_quick_prints_its_table_and_the_contracts_last_line() -> None:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = bench_dask.main(["--small", "--no-kube", "--leak-wait", "10"])
+        rc = bench_dask.main(["--quick", "--no-kube", "--leak-wait", "10"])
     text = out.getvalue()
     assert rc == 0, text
     for row in (
@@ -47,6 +78,7 @@ def test_the_benchmark_run_small_prints_its_table_and_the_contracts_last_line() 
     fields = dict(item.split("=") for item in last.split())
     assert list(fields) == ["local_up_ratio", "kube_up_ratio", "leaked"], last
     assert fields["kube_up_ratio"] == "n/a", last
+    assert "kube_up_ratio: kube: --no-kube" in text.splitlines()[-2], text
     assert fields["leaked"] == "0", text
     if bench_dask.gpulab_local_unavailable() is None:
         assert "local: cluster-up to 2 workers, ratio gpulab/anchor" in text, text

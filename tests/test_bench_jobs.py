@@ -12,6 +12,7 @@ import os
 import pytest
 
 from bench import jobs as bench_jobs
+from bench.jobs_node_loss import node_loss_unavailable
 
 
 def test_a_tick_line_cut_across_pieces_is_timed_when_its_last_piece_arrives() -> None:
@@ -29,7 +30,7 @@ def test_the_node_loss_phase_runs_exactly_when_the_kubernetes_backend_runs_jobs(
     from gpulab.hub.jobservice.executor import RunsJobs
     from gpulab.spawner.kube.spawner import GPUKubeSpawner
 
-    why = bench_jobs.node_loss_unavailable()
+    why = node_loss_unavailable()
     if isinstance(GPUKubeSpawner, RunsJobs):
         assert why is None
     else:
@@ -56,7 +57,8 @@ def test_the_benchmark_run_small_prints_its_table_and_the_contracts_last_line() 
     ):
         assert row in text, text
     assert "not measured: --no-node-loss" in text
-    last = text.splitlines()[-1]
+    *_, reason, last = text.splitlines()
+    assert reason == "n/a: node_loss_resume_s: not measured: --no-node-loss"  # says why
     fields = dict(item.split("=") for item in last.split())
     assert list(fields) == [
         "submit_ratio",

@@ -6,6 +6,8 @@ keeps other machines away from the suite's pods. The whole run (a dev cluster an
 
 from __future__ import annotations
 
+import http.server
+import importlib.metadata
 import io
 import os
 import socket
@@ -13,106 +15,19 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from bench import _suite_results as suite_results
 from bench import kubespawner_suite as suite
 from gpulab.devcluster.agent import netpolicy
 from tests.harness.kube import Kube, pod_manifest
 from tests.harness.ports import free_port
 from tests.harness.wait import wait_for
-
-FAKE_JUNIT = """<?xml version="1.0" encoding="utf-8"?>
-<testsuites><testsuite name="pytest" errors="2" failures="2" skipped="1" tests="7">
-<testcase classname="tests.test_spawner" name="test_spawn_start">
- <properties><property name="needs_cluster" value="true"/></properties>
- <failure message="AttributeError: 'NoneType' object has no attribute 'decode'">E websocket._exceptions.WebSocketBadStatusException: Handshake status 500 {"message":"error dialing backend: dial tcp: lookup node"}</failure>
-</testcase>
-<testcase classname="tests.test_spawner" name="test_spawn_services_enabled">
- <properties><property name="needs_cluster" value="true"/></properties>
-</testcase>
-<testcase classname="tests.test_spawner" name="test_spawn_internal_ssl">
- <properties><property name="needs_cluster" value="true"/></properties>
- <error message="failed on setup with &quot;RuntimeError: no running event loop&quot;">trace</error>
-</testcase>
-<testcase classname="tests.test_spawner" name="test_variable_expansion">
- <properties><property name="needs_cluster" value="false"/></properties>
- <error message="failed on setup with &quot;KeyError: 'x'&quot;">trace</error>
-</testcase>
-<testcase classname="tests.test_slugs" name="test_safe_slug[a-b]">
- <properties><property name="needs_cluster" value="false"/></properties>
-</testcase>
-<testcase classname="tests.test_utils" name="test_update_k8s_model">
- <failure message="assert 1 == 2&#10;second line">trace</failure>
-</testcase>
-<testcase classname="tests.test_profile" name="test_profile_missing">
- <properties><property name="needs_cluster" value="false"/></properties>
- <skipped type="pytest.skip" message="needs something">skip</skipped>
-</testcase>
-</testsuite></testsuites>
-"""
-
-
-def test_the_last_line_round_trips_and_anything_else_is_refused():
-    summary = suite.Summary(195, 10, 2, 9, 20)
-    line = suite.format_last_line(summary)
-    assert line == "passed=195 failed=10 errors=2 cluster_tests_passed=9/20"
-    assert suite.parse_last_line(line + "\n") == summary
-    for bad in ("passed=195 failed=10 errors=2", "ratio=0.9", line.replace("9/20", "9")):
-        with pytest.raises(ValueError):
-            suite.parse_last_line(bad)
-
-
-def test_junit_outcomes_cluster_marks_and_reasons(tmp_path):
-    xml = tmp_path / "junit.xml"
-    xml.write_text(FAKE_JUNIT)
-    results = {r.name: r for r in suite.read_junit(xml)}
-    assert set(results) == {
-        "tests/test_spawner.py::test_spawn_start",
-        "tests/test_spawner.py::test_spawn_services_enabled",
-        "tests/test_spawner.py::test_spawn_internal_ssl",
-        "tests/test_spawner.py::test_variable_expansion",
-        "tests/test_slugs.py::test_safe_slug[a-b]",
-        "tests/test_utils.py::test_update_k8s_model",
-        "tests/test_profile.py::test_profile_missing",
-    }
-    start = results["tests/test_spawner.py::test_spawn_start"]
-    assert (start.outcome, start.needs_cluster) == ("failed", True)
-    # recognised in the failure's text
-    assert start.reason().startswith("the API server could not reach the node's kubelet API")
-    assert start.message in start.reason()  # and the original message kept beside it
-    # a testcase without the plugin's property is no cluster test
-    assert not results["tests/test_utils.py::test_update_k8s_model"].needs_cluster
-    assert results["tests/test_utils.py::test_update_k8s_model"].reason() == "assert 1 == 2"
-    assert results["tests/test_slugs.py::test_safe_slug[a-b]"].function == "test_safe_slug"
-
-    # the known harness error is named only where its message matches: a different error of
-    # test_variable_expansion is reported as it is
-    ssl = results["tests/test_spawner.py::test_spawn_internal_ssl"]
-    assert ssl.outcome == "error" and ssl.reason().startswith("upstream harness")
-    expansion = results["tests/test_spawner.py::test_variable_expansion"]
-    assert expansion.known_harness_issue() is None
-    assert "KeyError" in expansion.reason()
-
-    assert suite.summarize(list(results.values())) == suite.Summary(
-        passed=2, failed=2, errors=2, cluster_tests_passed=1, cluster_tests=3
-    )
-    lines = suite.report(list(results.values()))
-    assert lines[-1] == "passed=2 failed=2 errors=2 cluster_tests_passed=1/3"
-    assert "skipped           0           1     1" in lines  # per outcome, cluster or not
-    not_passed = [line for line in lines if " | " in line and not line.startswith("not passed")]
-    assert len(not_passed) == 5  # failures, errors and the skip; never a passed test
-    assert not_passed[0].startswith(
-        "error   | cluster    | tests/test_spawner.py::test_spawn_internal_ssl"
-    )
-
-
-def test_the_known_harness_issues_are_the_two_upstream_fixture_errors():
-    assert set(suite.KNOWN_HARNESS_ISSUES) == {"test_spawn_internal_ssl", "test_variable_expansion"}
-    for signature, explanation in suite.KNOWN_HARNESS_ISSUES.values():
-        assert signature == "no running event loop"
-        assert explanation.startswith("upstream harness:") and "ssl_app" in explanation
 
 
 def test_the_plugin_marks_tests_whose_fixtures_reach_kube_client(tmp_path):
@@ -168,7 +83,7 @@ def test_the_plugin_marks_tests_whose_fixtures_reach_kube_client(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    marks = {r.function: r.needs_cluster for r in suite.read_junit(junit)}
+    marks = {r.function: r.needs_cluster for r in suite_results.read_junit(junit)}
     assert marks == {
         "test_direct": True,
         "test_through_exec": True,
@@ -248,6 +163,26 @@ def test_the_suite_comes_from_the_release_tag_and_a_wrong_tag_is_refused(tmp_pat
         suite._suite_from_git("9.9.9", str(repo), tmp_path / "work3", tmp_path / "suite3")
 
 
+def test_without_a_suite_to_be_had_the_run_stops_saying_how_to_pass_a_clone(
+    tmp_path, monkeypatch, capsys
+):
+    """A fresh machine without internet: the sdist has no tests/ and the tag cannot be cloned.
+    The run ends at once with exit 2 and what to do (before any cluster starts)."""
+    monkeypatch.setenv("GPULAB_KUBESPAWNER_SUITE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(suite, "_suite_from_sdist", lambda version, work, dest: False)
+    monkeypatch.setattr(suite, "ensure_binaries", lambda: pytest.fail("no cluster without a suite"))
+    unreachable = tmp_path / "no-such-clone"
+    assert suite.main(["--quick", "--suite-git", str(unreachable)]) == 2
+    out, err = capsys.readouterr()
+    assert "could not be cloned" in err
+    assert "--suite-git /path/to/kubespawner" in err and "GPULAB_KUBESPAWNER_SUITE_GIT" in err
+    assert "Traceback" not in err
+    # the benchmarks' contract: every field n/a, the reason on the line before
+    reasons, last = out.strip().splitlines()[-2:]
+    assert last == "passed=n/a failed=n/a errors=n/a cluster_tests_passed=n/a"
+    assert reasons.startswith("n/a: passed: KubeSpawner's suite could not be had")
+
+
 def _fake_sdist(path: Path, files: dict[str, str]) -> None:
     with tarfile.open(path, "w:gz") as tar:
         for name, text in files.items():
@@ -295,6 +230,9 @@ def test_an_sdist_with_tests_gives_them_and_one_without_sends_to_git(tmp_path, m
 def test_the_venv_cache_key_follows_version_and_pins():
     pins = suite.pins("7.1.0")
     assert pins[0] == "jupyterhub-kubespawner==7.1.0" and "pytest==7.4.4" in pins
+    # the pods' server: Jupyter Server with JupyterLab (its default URL), at gpulab's versions
+    for name in ("jupyter_server", "jupyterlab"):
+        assert f"{name}=={importlib.metadata.version(name)}" in pins
     key = suite.cache_key("7.1.0", pins)
     assert key.startswith("7.1.0-py") and key == suite.cache_key("7.1.0", list(pins))
     assert key != suite.cache_key("7.1.0", [*pins[:-1], "kubernetes==37.0.2"])
@@ -313,7 +251,7 @@ def test_the_whole_suite_against_a_dev_cluster_keeps_its_baseline():
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=3600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    summary = suite.parse_last_line(run.stdout.strip().splitlines()[-1])
+    summary = suite_results.parse_last_line(run.stdout.strip().splitlines()[-1])
     # with the kubelet API (2026-12-04): everything passes but the two tests whose upstream
     # fixture errors under JupyterHub 6, one of them a cluster test
     assert summary.passed + summary.failed + summary.errors == 207
@@ -385,3 +323,207 @@ def test_the_suites_namespaces_admit_connections_from_the_pod_network_only(kube_
     # the suite's pytest and the agent's probes (from the host's pod-network address), pods
     assert _connect(pod_ip, port) == "open"
     assert kube_ns.pod(name)["status"]["containerStatuses"][0]["ready"] is True
+
+
+def test_the_suites_pods_get_a_plain_single_user_server_of_the_suites_venv(tmp_path):
+    """POD_BIN's jupyterhub-singleuser runs JupyterHub's single-user server with the venv's
+    python (by path: the venv's own scripts name the folder it was built in)."""
+    python = Path(sys.executable)
+    suite.write_pod_bin(tmp_path / suite.POD_BIN, python)
+    script = tmp_path / suite.POD_BIN / "jupyterhub-singleuser"
+    assert script.read_text() == f'#!/bin/sh\nexec {python} -m jupyterhub.singleuser "$@"\n'
+    # what the venv's own entry point answers
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    own = [str(python.parent / "jupyterhub-singleuser"), "--help"]
+    expected = subprocess.run(own, capture_output=True, text=True, timeout=120)
+    assert done.returncode == expected.returncode == 0, done.stderr
+    assert done.stdout == expected.stdout
+    assert suite.pod_bin(Path("/cache/key/venv/bin/python")) == Path("/cache/key") / suite.POD_BIN
+
+
+def test_the_plugin_deletes_leftover_pods_after_a_failed_cluster_test_only(tmp_path):
+    """The plugin in a real pytest: after a cluster test's call fails (not after a pass, not after
+    a failed test without a cluster) it runs delete_leftover_pods once the test's own fixtures are
+    torn down, and records what it deleted, or that it could not, in the junit record."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests/conftest.py").write_text(
+        textwrap.dedent(
+            """
+            import pytest
+            import kubespawner_cluster_tests as plugin
+
+            calls = []
+
+            def fake_delete():
+                calls.append("delete")
+                if calls.count("delete") == 2:
+                    raise RuntimeError("api down")
+                return ["kubespawner-another/jupyter-start"]
+
+            plugin.delete_leftover_pods = fake_delete
+
+            @pytest.fixture(scope="session")
+            def kube_client():
+                return object()
+
+            @pytest.fixture
+            def spawned(kube_client):
+                yield
+                calls.append("fixture teardown")
+
+            def pytest_sessionfinish(session):
+                with open("calls.txt", "w") as f:
+                    f.write(" ".join(calls))
+            """
+        )
+    )
+    (tmp_path / "tests/test_fake.py").write_text(
+        textwrap.dedent(
+            """
+            def test_a_failing_spawn(spawned):
+                assert "200" == "302"
+
+            def test_a_passing_spawn(spawned):
+                pass
+
+            def test_b_failing_again(kube_client):
+                assert False
+
+            def test_c_failing_without_cluster():
+                assert False
+            """
+        )
+    )
+    junit = tmp_path / "junit.xml"
+    env = {**os.environ, "PYTHONPATH": str(suite.PLUGIN_DIR)}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", suite.PLUGIN, "-p", "no:cacheprovider",
+         "-p", "no:xdist", "-c", os.devnull, "--rootdir", str(tmp_path), f"--junitxml={junit}",
+         "-q", "tests"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr  # failures, no errors
+    results = {r.function: r for r in suite_results.read_junit(junit)}
+    assert {name: r.outcome for name, r in results.items()} == {
+        "test_a_failing_spawn": "failed",
+        "test_a_passing_spawn": "passed",
+        "test_b_failing_again": "failed",
+        "test_c_failing_without_cluster": "failed",
+    }
+    assert (tmp_path / "calls.txt").read_text().split(" ") == [
+        "fixture", "teardown", "delete", "fixture", "teardown", "delete"
+    ]  # fmt: skip
+    assert results["test_a_failing_spawn"].leftovers == "kubespawner-another/jupyter-start"
+    assert results["test_b_failing_again"].leftovers.startswith("clean-up failed: RuntimeError")
+    assert results["test_a_passing_spawn"].leftovers == ""
+    assert results["test_c_failing_without_cluster"].leftovers == ""
+
+
+@pytest.mark.e2e
+def test_a_single_user_server_with_jupyterlab_redirects_its_root_as_the_suite_checks(tmp_path):
+    """What the suite's check_up asks of every started server: its `/` answers 302 (to the
+    default URL JupyterHub's extension takes from JupyterLab). Here gpulab's venv's server, which
+    has JupyterLab as the suite's venv now does (SINGLEUSER_UI); without a UI extension the
+    default URL is `/` and Jupyter Server 2.21.1 answers it 200 (2026-12-07)."""
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("X-JupyterHub-Version", importlib.metadata.version("jupyterhub"))
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    hub = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Hub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    port = free_port()
+    env = {
+        **os.environ,
+        "JUPYTERHUB_API_TOKEN": "test-secret-token",
+        "JUPYTERHUB_CLIENT_ID": "ignored",
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub.server_port}/hub/api",
+        "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}/",
+        "JUPYTERHUB_USER": "start",
+        "HOME": str(tmp_path),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    }
+    argv = [sys.executable, "-m", "jupyterhub.singleuser", *(["--allow-root"] * (os.getuid() == 0))]
+    log = (tmp_path / "server.log").open("wb")
+    server = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):  # as check_up does
+        def redirect_request(self, *args: object) -> None:
+            return None
+
+    def status() -> tuple[int, str] | None:
+        try:
+            response = urllib.request.build_opener(NoRedirect).open(
+                f"http://127.0.0.1:{port}/", timeout=5
+            )
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Location", "")
+        except OSError:
+            return None
+        return response.status, ""
+
+    try:
+        code, location = wait_for("the server to answer", status, 60, interval=0.2)
+    finally:
+        server.terminate()
+        server.wait(30)
+        hub.shutdown()
+    assert (code, location.split("?")[0]) == (302, "/lab"), (tmp_path / "server.log").read_text()[
+        -3000:
+    ]
+
+
+# a KubeSpawner whose _start returns at once a URL whose server listens only later, then the shim
+WAIT_UP = """
+import asyncio, socket, sys, threading, time
+from kubespawner import KubeSpawner
+
+port, delay = int(sys.argv[1]), float(sys.argv[2])
+
+async def _start(self):
+    return f"http://127.0.0.1:{port}"
+
+KubeSpawner._start = _start
+import wait_up_shim  # noqa: E402  (wraps the _start it finds)
+
+def listen_later():
+    time.sleep(delay)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(4)
+    time.sleep(30)
+
+threading.Thread(target=listen_later, daemon=True).start()
+t0 = time.monotonic()
+url = asyncio.run(KubeSpawner._start(object()))
+waited = time.monotonic() - t0
+unresolvable = asyncio.run(wait_up_shim.wait_listening("http://jupyter-x.ns.svc.cluster.invalid:8888"))
+print(url, round(waited, 1), unresolvable)
+"""
+
+
+def test_the_wait_up_shim_returns_from_start_once_the_server_listens(tmp_path):
+    """--shim-wait-up: KubeSpawner's start() hands its URL back only once the server accepts a
+    connection (here 1.5 s after start returned), and at once for a host this machine cannot
+    resolve."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(suite.PLUGIN_DIR)}
+    done = subprocess.run(
+        [sys.executable, "-c", WAIT_UP, str(port), "1.5"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    url, waited, unresolvable = done.stdout.split()
+    assert url == f"http://127.0.0.1:{port}"
+    assert 1.4 <= float(waited) < 10
+    assert unresolvable == "False"
+    assert suite.shimmed([suite.WAIT_UP_SHIM]) == "start() waits for the server to listen"
