@@ -51,11 +51,14 @@ def test_the_wheel_holds_every_package_of_the_hub_and_the_spawners(gpulab_wheel:
     assert missing == set()
 
 
-def test_the_wheel_holds_templates_grammar_and_the_caps_hook(gpulab_wheel: set[str]) -> None:
+def test_the_wheel_holds_templates_grammar_the_caps_hook_and_the_server_config(
+    gpulab_wheel: set[str],
+) -> None:
     templates = {f"gpulab/hub/templates/{p.name}" for p in (REPO / "hub/templates").glob("*.html")}
     assert templates and templates <= gpulab_wheel
     assert "gpulab/hub/alerts/grammar.lark" in gpulab_wheel
     assert "gpulab/spawner/singleuser/gpu_caps/sitecustomize.py" in gpulab_wheel
+    assert "gpulab/spawner/singleuser/jupyter_config/jupyter_server_config.py" in gpulab_wheel
 
 
 def test_the_dev_cluster_is_not_in_gpulab_wheel_but_in_its_own(
