@@ -1,11 +1,12 @@
 """Fast paths for framework data: pandas frames (numpy blocks out of band) and torch tensors
-(host copies, device recorded, restored to that device when it exists). Skipped where the
-framework is not installed."""
+(host copies, device recorded, restored to that device when it exists). Set-up installs both
+(torch pinned, from PyPI): a missing one fails here rather than skipping."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
+import pandas as pd
+import torch
 
 from gpulab.spawner.singleuser.checkpoint import namespace
 from gpulab.spawner.singleuser.checkpoint.saver import NamespaceCheckpointer
@@ -18,7 +19,6 @@ def _restore(store) -> tuple[dict, object]:
 
 
 def test_pandas_frames_round_trip_with_their_columns_written_raw(store):
-    pd = pytest.importorskip("pandas")
     n = 200_000
     df = pd.DataFrame(
         {
@@ -36,7 +36,6 @@ def test_pandas_frames_round_trip_with_their_columns_written_raw(store):
 
 
 def test_torch_tensors_modules_and_parameters_round_trip(store):
-    torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     ns = {
@@ -60,7 +59,6 @@ def test_torch_tensors_modules_and_parameters_round_trip(store):
 
 
 def test_torch_in_place_updates_are_seen_through_the_version_counter(store):
-    torch = pytest.importorskip("torch")
     cp = NamespaceCheckpointer(store)
     ns = {"w": torch.zeros(1_000_000)}
     cp.save(ns)
@@ -70,7 +68,6 @@ def test_torch_in_place_updates_are_seen_through_the_version_counter(store):
 
 
 def test_tensor_saved_on_a_missing_device_comes_back_on_the_cpu_and_says_so():
-    torch = pytest.importorskip("torch")
     namespace.DEVICE_FALLBACKS.clear()
     raw = torch.arange(4, dtype=torch.float32).view(torch.uint8).numpy().copy()
     t = namespace._rebuild_tensor(raw, "float32", (4,), "cuda:7", False, False)
