@@ -1,5 +1,5 @@
-"""Starting and supervising a pod's containers: volumes, network, init containers, restarts
-with back-off, and readiness probes (httpGet, tcpSocket, exec).
+"""Starting and supervising a pod's containers: volumes, network, init containers, sidecars,
+restarts with back-off; their probes are `probes`'.
 
 Each run of a container is one `runtime.ContainerProcess` (a launcher); the environment comes
 from `podenv`, the identity from `podsecurity`, the volumes from `podvolumes`.
@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import ssl
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from . import clusterdns, pause, podenv, podsecurity, podvolumes
+from . import clusterdns, pause, podenv, podsecurity, podvolumes, sidecars
 from .kube import log, now, raw, status_of
-from .podstate import ContainerState, PodState
+from .podstate import ContainerState
+from .probes import Prober
 from .runtime import ContainerProcess, StartError
 
 #: where a pod's resolver reads its name servers (bind-mounted over the host's in the pod)
@@ -27,11 +25,7 @@ ETC_HOSTS = Path("/etc/hosts")
 MAX_BACKOFF_SECONDS = 300
 
 
-def _restart(policy: str, code: int) -> bool:
-    return policy == "Always" or (policy == "OnFailure" and code != 0)
-
-
-class ContainerRunner(PodState):
+class ContainerRunner(Prober):
     """A pod's containers from volumes to exit: the part of a pod worker a runtime would do."""
 
     # -- volumes and containers -------------------------------------------------------------
@@ -242,7 +236,7 @@ class ContainerRunner(PodState):
     async def _start(self, cs: ContainerState, volumes: dict[str, tuple[Path, bool]]) -> bool:
         """Start one run of the container; False (and a terminated StartError state) if it failed."""
         cs.terminated = None
-        cs.ready = False
+        cs.ready = cs.started = False
         try:
             await self._load_env_objects()
             launch = self._launch_spec(cs, volumes)
@@ -273,13 +267,10 @@ class ContainerRunner(PodState):
             host=self.node.name,
             field_path=f"spec.{'initContainers' if cs.init else 'containers'}{{{cs.name}}}",
         )
-        probe = cs.spec.get("readinessProbe")
-        if cs.init:
-            pass
-        elif probe and any(k in probe for k in ("httpGet", "tcpSocket", "exec")):
-            self.tasks.append(asyncio.create_task(self._probe_loop(cs, probe)))
+        if cs.init and not cs.sidecar:
+            cs.started = True  # no probes on a regular init container: started while it runs
         else:
-            cs.ready = True
+            self._begin_probes(cs)
         self.phase = "Running" if not cs.init else self.phase
         self.dirty.set()
         return True
@@ -308,7 +299,7 @@ class ContainerRunner(PodState):
     async def _exited(self, cs: ContainerState) -> int:
         assert cs.proc is not None
         code = await cs.proc.wait()
-        cs.ready = False
+        cs.ready = cs.started = False
         cs.terminated = {
             "exitCode": code,
             "reason": "Completed" if code == 0 else "Error",
@@ -353,7 +344,24 @@ class ContainerRunner(PodState):
             delay = min(delay * 2, MAX_BACKOFF_SECONDS)
         return None
 
+    async def _start_sidecar(
+        self, cs: ContainerState, volumes: dict[str, tuple[Path, bool]]
+    ) -> bool | None:
+        """Start a sidecar's supervisor (it runs, and restarts, until the pod stops) and wait
+        until the sidecar has started, as the kubelet does before the next init container: its
+        startupProbe passed, or its process runs. Never waits for its exit. None: deleted
+        meanwhile; False: its supervisor failed."""
+        task = asyncio.create_task(self._supervise(cs, volumes))
+        self.tasks.append(task)
+        while not self.deleting and not (cs.running and cs.started):
+            if task.done():
+                return False
+            await self._wait_change(5.0)  # _on_started and deletion set `changed`
+        return None if self.deleting else True
+
     async def _supervise(self, cs: ContainerState, volumes: dict[str, tuple[Path, bool]]) -> None:
+        """A main container's or a sidecar's runs: restarted with back-off as
+        `sidecars.restarts` says, until the pod is deleted or the container is done."""
         delay = 10.0
         while True:
             started = await self._start(cs, volumes)
@@ -361,87 +369,9 @@ class ContainerRunner(PodState):
                 await asyncio.sleep(delay)
                 continue
             code = await self._exited(cs) if started else 128
-            if self.deleting or not _restart(self.policy, code):
+            if self.deleting or not sidecars.restarts(self.policy, code, sidecar=cs.sidecar):
                 return
             if cs.proc is not None and time.monotonic() - cs.proc.started_mono > 600:
                 delay = 10.0
             await self._backoff(cs, delay)
             delay = min(delay * 2, MAX_BACKOFF_SECONDS)
-
-    # -- readiness --------------------------------------------------------------------------
-
-    async def _probe_loop(self, cs: ContainerState, probe: dict[str, Any]) -> None:
-        await asyncio.sleep(float(probe.get("initialDelaySeconds") or 0))
-        period = float(probe.get("periodSeconds") or 10)
-        timeout = float(probe.get("timeoutSeconds") or 1)
-        need_ok, need_fail = (
-            int(probe.get("successThreshold") or 1),
-            int(probe.get("failureThreshold") or 3),
-        )
-        ok_run = fail_run = 0
-        while cs.running:
-            ok = await self._probe_once(cs, probe, timeout)
-            ok_run, fail_run = (ok_run + 1, 0) if ok else (0, fail_run + 1)
-            if ok and ok_run >= need_ok and not cs.ready:
-                cs.ready = True
-                self.dirty.set()
-            elif not ok and fail_run >= need_fail and cs.ready:
-                cs.ready = False
-                self.dirty.set()
-                await self.node.events.emit(
-                    self.pod,
-                    "Unhealthy",
-                    "Readiness probe failed",
-                    type_="Warning",
-                    host=self.node.name,
-                )
-            await asyncio.sleep(period)
-
-    def _port(self, cs: ContainerState, port: Any) -> int:
-        if isinstance(port, int) or str(port).isdigit():
-            return int(port)
-        for p in cs.spec.get("ports") or []:
-            if p.get("name") == port:
-                return int(p["containerPort"])
-        raise ValueError(f"named port {port!r} not in container {cs.name}")
-
-    async def _probe_once(self, cs: ContainerState, probe: dict[str, Any], timeout: float) -> bool:
-        try:
-            if "httpGet" in probe:
-                g = probe["httpGet"]
-                scheme = (g.get("scheme") or "HTTP").lower()
-                host = g.get("host") or self.ip
-                url = f"{scheme}://{host}:{self._port(cs, g['port'])}{g.get('path') or '/'}"
-                headers = {h["name"]: h["value"] for h in g.get("httpHeaders") or []}
-                ctx = ssl.create_default_context()
-                ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-                async with (
-                    aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s,
-                    s.get(
-                        url,
-                        headers=headers,
-                        ssl=ctx if scheme == "https" else None,
-                        allow_redirects=False,
-                    ) as r,
-                ):
-                    return 200 <= r.status < 400
-            if "tcpSocket" in probe:
-                t = probe["tcpSocket"]
-                _, w = await asyncio.wait_for(
-                    asyncio.open_connection(t.get("host") or self.ip, self._port(cs, t["port"])),
-                    timeout,
-                )
-                w.close()
-                return True
-            if "exec" in probe and cs.proc is not None:
-                rc = await cs.proc.exec(
-                    probe["exec"]["command"],
-                    cs.env,
-                    cs.working_dir,
-                    timeout,
-                    identity=cs.identity,
-                )
-                return rc == 0
-        except (OSError, asyncio.TimeoutError, aiohttp.ClientError, ValueError):
-            return False
-        return False

@@ -1,13 +1,14 @@
 """Running the pods bound to one node as local processes, and reporting them as a kubelet does.
 
-Per pod a PodWorker: volumes -> init containers -> containers (one launcher each, see runtime.py)
--> status patches (Pending/Running/Succeeded/Failed, conditions, containerStatuses) -> on deletion
-preStop, SIGTERM, SIGKILL after the grace period, then delete with gracePeriodSeconds=0.
+Per pod a PodWorker: volumes -> init containers, sidecars among them (`sidecars`) -> containers
+(one launcher each, see runtime.py) -> status patches (Pending/Running/Succeeded/Failed,
+conditions, containerStatuses) -> on deletion preStop, SIGTERM (main containers first, then the
+sidecars in reverse order), SIGKILL after the grace period, then delete with gracePeriodSeconds=0.
 
 Differences from a kubelet (documented in the package README): images are ignored (command + args
 run on the host; the "image's user" is the agent's), securityContext is applied as far as
 `podsecurity` says (uid, gids, fsGroup, runAsNonRoot, no_new_privs, capabilities; no seccomp),
-liveness/startup probes are ignored, readiness probes (httpGet, tcpSocket, exec) are run.
+liveness probes are ignored, startup and readiness probes (httpGet, tcpSocket, exec) are run.
 
 Here the lifecycle (start, loss after a node restart, termination, deletion) and the per-node
 watch; the pod's state and status patches are in `podstate`, its containers in `containers`.
@@ -21,6 +22,7 @@ import shutil
 import time
 from typing import Any
 
+from . import sidecars
 from .containers import ContainerRunner
 from .kube import log, now, raw, status_of, watch_forever
 from .podstate import TERMINAL, ContainerState, NodeContext
@@ -59,7 +61,8 @@ class PodWorker(ContainerRunner):
                 )
                 cs.restart_count = int(prev.get("restartCount", 0)) + 1
                 cs.last_state = self._lost_state(prev)
-            self.initialized, self.init = True, []
+            self._restore_init(status, rerun=True)
+            self.initialized = True
         if self.deleting:
             await self._delete()
             return
@@ -76,18 +79,27 @@ class PodWorker(ContainerRunner):
             await self._terminate()
             return
         for cs in self.init:
-            ok = await self._run_init(cs, volumes)
+            if cs.terminated is not None and not cs.sidecar:
+                continue  # completed before the agent lost the pod (_restore_init)
+            if cs.sidecar:
+                ok = await self._start_sidecar(cs, volumes)
+            else:
+                ok = await self._run_init(cs, volumes)
             if ok is None:  # deleted meanwhile
                 await self._terminate()
                 return
             if not ok:
+                # the pod failed: the sidecars started before are stopped, and only then is
+                # the phase terminal (the kubelet reports no terminal phase while any runs)
+                await self._stop_ordered(self._grace_seconds())
                 self.phase = "Failed"
-                self.dirty.set()
+                await self._patch()
                 await self._finish()
                 return
         self.initialized = True
-        self.tasks = [asyncio.create_task(self._supervise(cs, volumes)) for cs in self.containers]
-        done = asyncio.gather(*self.tasks)
+        mains = [asyncio.create_task(self._supervise(cs, volumes)) for cs in self.containers]
+        self.tasks += mains
+        done = asyncio.gather(*mains)
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
         while not self.deleting and not done.done():
             self.changed.clear()
@@ -99,8 +111,10 @@ class PodWorker(ContainerRunner):
         if self.deleting:
             await self._terminate()
             return
-        failed = any((cs.terminated or {}).get("exitCode", 0) != 0 for cs in self.containers)
-        self.phase = "Failed" if failed else "Succeeded"
+        # the main containers ended for good (restartPolicy Never/OnFailure): the pod completes,
+        # its sidecars are stopped as at a deletion, and its phase is the main containers' alone
+        await self._stop_ordered(self._grace_seconds())
+        self.phase = sidecars.terminal_phase([cs.status() for cs in self.containers])
         await self._patch()
         await self._finish()
 
@@ -123,7 +137,30 @@ class PodWorker(ContainerRunner):
             }
         }
 
+    def _restore_init(self, status: dict[str, Any], *, rerun: bool) -> None:
+        """The init containers of a pod whose processes the agent lost (its node stopped) after
+        its main containers had started: regular ones keep their outcome, they are not run
+        again; sidecars lost their run like the main containers, and run again (counted) with
+        `rerun`, else are reported lost."""
+        prev_of = {s["name"]: s for s in status.get("initContainerStatuses") or []}
+        for cs in self.init:
+            prev = prev_of.get(cs.name, {})
+            if cs.sidecar and rerun:
+                cs.restart_count = int(prev.get("restartCount", 0)) + 1
+                cs.last_state = self._lost_state(prev)
+            elif cs.sidecar:
+                cs.restart_count = int(prev.get("restartCount", 0))
+                cs.terminated = self._lost_state(prev)["terminated"]
+            else:
+                cs.terminated = (prev.get("state") or {}).get("terminated") or {
+                    "exitCode": 0,
+                    "reason": "Completed",
+                    "startedAt": None,
+                    "finishedAt": now(),
+                }
+
     async def _report_lost(self, status: dict[str, Any]) -> None:
+        self._restore_init(status, rerun=False)
         for cs in self.containers:
             prev = next(
                 (s for s in status.get("containerStatuses") or [] if s["name"] == cs.name), {}
@@ -199,8 +236,19 @@ class PodWorker(ContainerRunner):
         return float(30 if g is None else g)
 
     async def _terminate(self) -> None:
-        """preStop hooks, SIGTERM, SIGKILL at the end of the grace period, delete (grace 0)."""
-        deadline = time.monotonic() + self._grace_seconds()
+        """preStop hooks, SIGTERM in the kubelet's order, SIGKILL at the end of the grace
+        period, delete (grace 0)."""
+        await self._stop_ordered(self._grace_seconds())
+        await self._delete()
+
+    async def _stop_ordered(self, grace: float) -> None:
+        """Stop every running container within `grace` seconds as the kubelet's killPod does:
+        each one's preStop hook at once, then SIGTERM to the main (and a running regular init)
+        containers, to each sidecar only once all main containers and the sidecar declared
+        after it have exited (`sidecars.stop_prerequisites`); SIGKILL at the deadline, but
+        never sooner than MIN_STOP_WINDOW_SECONDS after a container's own SIGTERM while the
+        pod has a grace period. Supervisors are cancelled first: nothing restarts."""
+        deadline = time.monotonic() + grace
         for t in self.tasks:
             t.cancel()
         running = [cs for cs in [*self.init, *self.containers] if cs.running]
@@ -208,12 +256,31 @@ class PodWorker(ContainerRunner):
             await self.node.events.emit(
                 self.pod, "Killing", f"Stopping container {cs.name}", host=self.node.name
             )
-        await asyncio.gather(
-            *(self._pre_stop(cs, deadline) for cs in running), return_exceptions=True
+        prereqs = sidecars.stop_prerequisites(
+            [cs.spec for cs in self.init],
+            [cs.spec for cs in self.containers],
+            {cs.name for cs in running},
         )
-        await asyncio.gather(
-            *(cs.proc.stop(deadline) for cs in running if cs.proc), return_exceptions=True
-        )
+        exited = {cs.name: asyncio.Event() for cs in running}
+
+        async def stop(cs: ContainerState) -> None:
+            try:
+                await self._pre_stop(cs, deadline)
+                for name in prereqs.get(cs.name, []):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(exited[name].wait(), left)
+                if cs.proc is not None:
+                    end = deadline
+                    if grace > 0:
+                        end = max(end, time.monotonic() + sidecars.MIN_STOP_WINDOW_SECONDS)
+                    await cs.proc.stop(end)
+            finally:
+                exited[cs.name].set()
+
+        await asyncio.gather(*(stop(cs) for cs in running), return_exceptions=True)
         for cs in running:
             if cs.proc is not None and cs.terminated is None:
                 code = cs.proc.exit_code if cs.proc.exit_code is not None else 137
@@ -224,10 +291,9 @@ class PodWorker(ContainerRunner):
                     "finishedAt": cs.proc.finished_at or now(),
                     "containerID": cs.container_id(),
                 }
-            cs.ready = False
+            cs.ready = cs.started = False
         if running and not self.deleted:
             await self._patch()
-        await self._delete()
 
     async def _pre_stop(self, cs: ContainerState, deadline: float) -> None:
         hook = ((cs.spec.get("lifecycle") or {}).get("preStop")) or {}
@@ -314,7 +380,9 @@ class PodManager:
                 "pod": w.key,
                 "phase": w.phase,
                 "ip": w.ip,
-                "pids": [cs.proc.init_pid for cs in w.containers if cs.proc and cs.running],
+                "pids": [
+                    cs.proc.init_pid for cs in [*w.init, *w.containers] if cs.proc and cs.running
+                ],
             }
             for w in self.workers.values()
         ]

@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from . import podsecurity
+from . import podsecurity, sidecars
 from .devices import Devices
 from .kube import MERGE, Events, log, now, raw, status_of
 from .netpolicy import Enforcer
@@ -87,10 +87,17 @@ class ContainerState:
     identity: podsecurity.Identity | None = None
     #: the process's working directory (workingDir, else the runtime's default); execs start there
     working_dir: str | None = None
+    #: this run has started: its startupProbe passed, or it runs and has none (`probes`)
+    started: bool = False
 
     @property
     def name(self) -> str:
         return str(self.spec["name"])
+
+    @property
+    def sidecar(self) -> bool:
+        """An init container with restartPolicy Always (`sidecars`)."""
+        return self.init and sidecars.is_sidecar(self.spec)
 
     @property
     def running(self) -> bool:
@@ -107,13 +114,18 @@ class ContainerState:
         return {"waiting": self.waiting}
 
     def status(self) -> dict[str, Any]:
+        if self.init and not self.sidecar:
+            # the kubelet's prober reports a regular init container ready once it exited 0
+            ready = (self.terminated or {}).get("exitCode") == 0
+        else:
+            ready = self.ready and self.started and self.running
         out: dict[str, Any] = {
             "name": self.name,
             "image": self.spec.get("image") or "",
             "imageID": "",
-            "ready": self.ready and self.running,
+            "ready": ready,
             "restartCount": self.restart_count,
-            "started": self.running,
+            "started": self.started and self.running,
             "state": self.state(),
             "lastState": self.last_state,
         }
@@ -195,7 +207,11 @@ class PodState:
         return c
 
     def status(self) -> dict[str, Any]:
-        not_ready = [cs.name for cs in self.containers if not (cs.ready and cs.running)]
+        statuses = [cs.status() for cs in self.containers]
+        init_statuses = [cs.status() for cs in self.init]
+        init_specs = [cs.spec for cs in self.init]
+        # sidecars' readiness counts as the main containers' does (generate.go)
+        not_ready = sidecars.unready(init_specs, init_statuses, statuses)
         all_ready = not not_ready and self.phase == "Running"
         msg = f"containers with unready status: [{' '.join(not_ready)}]"
         scheduled = next(
@@ -211,7 +227,9 @@ class PodState:
                 "lastTransitionTime": self.start_time,
             },
         )
-        pending_init = [cs.name for cs in self.init if (cs.terminated or {}).get("exitCode") != 0]
+        # once set, `initialized` stays True while a sidecar restarts (the kubelet: any main
+        # container has started); until then the message names what is missing
+        pending_init = sidecars.incomplete_init(init_specs, init_statuses)
         conditions = [
             self._condition(
                 "Initialized",
@@ -228,14 +246,14 @@ class PodState:
             "conditions": conditions,
             "hostIP": self.node.host_ip,
             "startTime": self.start_time,
-            "containerStatuses": [cs.status() for cs in self.containers],
+            "containerStatuses": statuses,
         }
         if self.ip:
             st["podIP"], st["podIPs"] = self.ip, [{"ip": self.ip}]
         if self.init:
-            st["initContainerStatuses"] = [cs.status() for cs in self.init]
+            st["initContainerStatuses"] = init_statuses
         if self.phase in TERMINAL:
-            for cs in self.containers:
+            for cs in [*self.init, *self.containers]:
                 cs.ready = False
         return st
 
