@@ -59,6 +59,31 @@ def _training_notebook() -> str:
     return str(nbformat.writes(nb))
 
 
+def _open_create_job_form(page: Any, notebook: str) -> Any:
+    """The notebook toolbar's "Create a job" form, its input file filled in. jupyter-scheduler's
+    command reads the notebook tracker's current widget, not the notebook whose toolbar holds the
+    button: clicked before a freshly opened notebook becomes current (which a loaded machine
+    delays), the form opens with no input file, and gpulab refuses it (`input_uri: a job runs a
+    file in your home folder, not ''`). A person would see the empty field; so does this: it
+    cancels that form, brings the notebook's tab forward and asks again."""
+    form = page.locator(".jp-create-job-form")
+    filled = (
+        "name => [...document.querySelectorAll('.jp-create-job-form input')]"
+        ".some(i => i.value.endsWith(name))"
+    )
+    for _ in range(6):
+        page.locator(".jp-Toolbar-item[data-jp-item-name=create-job] button").click()
+        form.wait_for(timeout=30_000)
+        if page.evaluate(filled, notebook):
+            return form
+        form.get_by_role("button", name="Cancel").click()
+        form.wait_for(state="detached", timeout=30_000)
+        page.locator(".lm-TabBar-tab", has_text=notebook).first.click()  # her notebook, current
+        page.locator(".jp-Notebook").first.click()
+        page.wait_for_timeout(2_000)
+    raise AssertionError(f"the create-job form never named {notebook} as its input file")
+
+
 @pytest.mark.skipif(_extension_installed() is not None, reason=_extension_installed() or "")
 def test_a_notebook_submitted_from_the_lab_runs_as_a_gpu_job_with_live_log_outputs_and_tensorboard(
     make_hub: Any, page: Any
@@ -80,9 +105,7 @@ def test_a_notebook_submitted_from_the_lab_runs_as_a_gpu_job_with_live_log_outpu
         page.goto(f"{hub.url}/user/admin/lab/tree/train.ipynb")
         page.wait_for_selector(".jp-Notebook", timeout=60_000)
         # jupyter-scheduler's own form: the gpulab environment, a GPU profile as compute type
-        page.locator(".jp-Toolbar-item[data-jp-item-name=create-job] button").click()
-        form = page.locator(".jp-create-job-form")
-        form.wait_for(timeout=30_000)
+        form = _open_create_job_form(page, "train.ipynb")
         # the environments load after the form: then the compute type is a GPU profile
         page.wait_for_function(
             "sel => document.querySelector(sel)?.innerText.includes('gpu-')",
