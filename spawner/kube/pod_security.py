@@ -22,13 +22,19 @@ root), `seccomp_profile = "Unconfined"`, `drop_capabilities` without ALL, an adm
 whose own securityContext says otherwise, `privileged`, hostPath `volumes`, host namespaces or
 ports through `extra_pod_config`, and ephemeral containers an admin adds with `kubectl debug`
 (give it `--profile=restricted`).
+
+The chart labels its namespace (`singleuser.podSecurity`) with a hook Job that runs
+`python -m gpulab.spawner.kube.pod_security label-namespace <namespace> --level restricted`.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import copy
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 #: Pod Security admission's label prefix, and its levels (Kubernetes' own spelling)
@@ -94,3 +100,51 @@ def pod_security_refusal(status: int, body: str | bytes | None) -> str | None:
     except (ValueError, AttributeError):
         return None
     return message if "violates PodSecurity" in message else None
+
+
+# -- the chart's hook: label the release's namespace ------------------------------------------
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The command line's namespace and the patch it applies (exit 2 with a usage message for
+    a bad level or version, before any cluster is called)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m gpulab.spawner.kube.pod_security",
+        description="Label a namespace for Pod Security admission (enforce and warn at one "
+        "level), in the cluster of KUBECONFIG or the pod's service account.",
+    )
+    parser.add_argument("action", choices=["label-namespace"])
+    parser.add_argument("namespace")
+    parser.add_argument("--level", choices=LEVELS, default="restricted")
+    parser.add_argument("--version", default="latest")
+    args = parser.parse_args(argv)
+    try:
+        return str(args.namespace), namespace_label_patch(args.level, args.version)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    namespace, patch = parse_arguments(argv)
+    return asyncio.run(_label_namespace(namespace, patch))
+
+
+async def _label_namespace(namespace: str, patch: dict[str, Any]) -> int:
+    from kubespawner.clients import (  # type: ignore[import-untyped]
+        load_config,
+        shared_client,
+    )
+
+    await asyncio.to_thread(load_config)
+    api = shared_client("CoreV1Api")
+    try:
+        await api.patch_namespace(namespace, patch, _content_type="application/merge-patch+json")
+    finally:
+        await api.api_client.close()
+    labels = ", ".join(f"{k}={v}" for k, v in patch["metadata"]["labels"].items())
+    print(f"namespace {namespace} labelled {labels}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
