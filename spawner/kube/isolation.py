@@ -2,8 +2,9 @@
 may reach (issue 12), on by default whatever the profiles.
 
 Every server runs as a fixed non-root uid/gid with `runAsNonRoot`, no privilege escalation, no
-capabilities and the runtime's seccomp profile; the namespace gets the `gpulab-singleuser`
-NetworkPolicy (and `gpulab-singleuser-jobs`: the same rules for the pods of GPU jobs, which run
+capabilities and the runtime's seccomp profile, and so does every container an admin adds to its
+pod, so the pod passes Pod Security `restricted` (`pod_security`); the namespace gets the
+`gpulab-singleuser` NetworkPolicy (and `gpulab-singleuser-jobs`: the same rules for the pods of GPU jobs, which run
 with the same identity and hardening). The manifests are pure builders in `objects`; this mixin holds the options and
 keeps the NetworkPolicy in place with the spawner's Kubernetes client.
 """
@@ -28,6 +29,7 @@ from gpulab.spawner.kube.objects import (
     seccomp_profile,
     singleuser_network_policy,
 )
+from gpulab.spawner.kube.pod_security import harden_security_context
 from gpulab.spawner.names import JOB_COMPONENT, PUSH_URL_ENV
 
 
@@ -52,7 +54,8 @@ class KubeIsolationMixin(Configurable):
         help="""The uid the server container runs as (runAsUser). gpulab's default is 1000, the
         jovyan user of the Jupyter docker-stacks images; every user's pod runs as this uid, and
         pods are kept apart by the container runtime and the NetworkPolicy, not by uids. None:
-        the image's USER (then `run_as_non_root` refuses an image that runs as root).""",
+        the image's USER (then `run_as_non_root` refuses an image that runs as root). 0 needs
+        `run_as_non_root = False`, which Pod Security `restricted` refuses.""",
     )
     gid = Union(
         [Integer(), Callable()],
@@ -76,20 +79,25 @@ class KubeIsolationMixin(Configurable):
         config=True,
         help="""Set runAsNonRoot on the pod and the server container: the kubelet refuses to start
         a container that would run as uid 0 (CreateContainerConfigError). Turn off only for an
-        image that must start as root.""",
+        image that must start as root, and only where the namespace is not restricted: where
+        it enforces Pod Security `restricted` (the chart's default, `singleuser.podSecurity`)
+        every pod without runAsNonRoot is refused (403 violates PodSecurity).""",
     )
     seccomp_profile = Unicode(
         "RuntimeDefault",
         config=True,
         help="""seccompProfile of the pod and server container: RuntimeDefault (the container
-        runtime's default syscall filter), Localhost/<file> or Unconfined.""",
+        runtime's default syscall filter), Localhost/<file> or Unconfined. Pod Security
+        `restricted` admits RuntimeDefault and Localhost only: Unconfined works only where the
+        namespace is not restricted.""",
     )
     drop_capabilities = List(
         Unicode(),
         ["ALL"],
         config=True,
         help="""Linux capabilities dropped from the server container (securityContext.capabilities
-        .drop). A notebook server needs none.""",
+        .drop). A notebook server needs none. Pod Security `restricted` needs ALL dropped: a
+        list without ALL works only where the namespace is not restricted.""",
     )
 
     @validate("seccomp_profile")
@@ -129,6 +137,22 @@ class KubeIsolationMixin(Configurable):
             seccomp=self.seccomp_profile,
             drop_capabilities=self.drop_capabilities,
         )
+
+    def harden_pod_containers(self, pod: Any) -> Any:
+        """Every container of a server's pod (a V1Pod) but the server's own, which KubeSpawner
+        hardens from the options above: the admin's `init_containers` (native sidecars among
+        them) and `extra_containers` get the server container's securityContext under their
+        own (`pod_security.harden_security_context`), so that the pod passes Pod Security
+        `restricted` whatever they leave unset. `modify_pod_hook` runs after this."""
+        containers = list(pod.spec.containers or [])
+        if not containers:
+            return pod
+        serialize = self.api.api_client.sanitize_for_serialization
+        hardening = serialize(containers[0].security_context) or {}
+        for container in [*(pod.spec.init_containers or []), *containers[1:]]:
+            own = serialize(container.security_context) if container.security_context else None
+            container.security_context = harden_security_context(own, hardening)
+        return pod
 
     network_policy = Bool(
         True,

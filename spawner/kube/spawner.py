@@ -49,6 +49,7 @@ from gpulab.spawner.kube.objects import (
     safe_label_value,
 )
 from gpulab.spawner.kube.placed_pods import gpu_memory_mib, placed_pod_on
+from gpulab.spawner.kube.pod_security import pod_security_refusal
 from gpulab.spawner.kube.state import KubeGPUState, ensure_kube_state
 from gpulab.spawner.kube.warm_start import KubeWarmStartMixin
 from gpulab.spawner.names import (
@@ -375,11 +376,23 @@ class GPUKubeSpawner(
     async def get_pod_manifest(self) -> Any:
         await self.ensure_checkpoint_key_secret()  # after KubeSpawner ensured the namespace
         await self.ensure_network_policy()  # before the pod: it is never up unprotected
-        return self.wrap_container_command(await super().get_pod_manifest())
+        pod = self.harden_pod_containers(await super().get_pod_manifest())
+        return self.wrap_container_command(pod)
 
     async def _start(self) -> Any:
         try:
-            url = await super()._start()
+            try:
+                url = await super()._start()
+            except ApiException as e:
+                refusal = pod_security_refusal(e.status, e.body)
+                if refusal is None:
+                    raise
+                raise web.HTTPError(
+                    500,
+                    f"{refusal[:600]} (namespace {self.namespace} enforces Pod Security: see "
+                    "GPUKubeSpawner.run_as_non_root, seccomp_profile, drop_capabilities and "
+                    "the containers the config adds)",
+                ) from None
         except BaseException:
             if not self.profile_list:
                 await self.gpulab_release()

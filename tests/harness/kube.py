@@ -185,11 +185,13 @@ class Kube:
 
 
 @contextlib.contextmanager
-def fresh_namespace(cluster: DevCluster) -> Iterator[Kube]:
-    """A Kube in a new namespace whose default ServiceAccount exists (pods can start);
-    what it made and the namespace are deleted on exit."""
-    name = f"test-{uuid.uuid4().hex[:8]}"
-    cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+def fresh_namespace(
+    cluster: DevCluster, labels: dict[str, str] | None = None, prefix: str = "test"
+) -> Iterator[Kube]:
+    """A Kube in a new namespace (with `labels`: Pod Security's, say) whose default
+    ServiceAccount exists (pods can start); what it made and the namespace are deleted on exit."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
 
     def service_account_ready() -> bool:
         try:

@@ -38,6 +38,14 @@ def refusal(check: ModuleType, values: dict[str, Any]) -> str:
         ({"hub": {"db": {"type": "mysql"}}}, ["/hub/db/type", "must be one of"]),
         ({"singleuser": {"uid": 0}}, ["/singleuser/uid", "minimum"]),
         (
+            {"singleuser": {"podSecurity": {"enforce": "strict"}}},
+            ["/singleuser/podSecurity/enforce", "must be one of"],
+        ),
+        (
+            {"singleuser": {"podSecurity": {"version": "1.37"}}},
+            ["/singleuser/podSecurity/version"],
+        ),
+        (
             {"gpulab": {"jobs": {"kernelStartTimeoutSeconds": 0}}},
             ["/gpulab/jobs/kernelStartTimeoutSeconds", "minimum"],
         ),

@@ -6,6 +6,7 @@ with other values, and is uninstalled (helm/tools/install.py does each step)."""
 
 from __future__ import annotations
 
+import copy
 import secrets
 import time
 import uuid
@@ -18,6 +19,7 @@ import pytest
 
 from gpulab.devcluster import DevCluster, NodeSpec
 from gpulab.spawner.kube.dask_operator import CRD_NAMES
+from gpulab.spawner.kube.pod_security import pod_security_labels
 from tests.helm.conftest import find, load_tool
 
 # gpu-1's server and the placeholder that holds a GPU for the next one
@@ -44,6 +46,61 @@ def namespace(cluster: DevCluster) -> Iterator[str]:
     cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
     yield name
     cluster.api("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def restricted_namespace(cluster: DevCluster, install_tool: ModuleType) -> Iterator[str]:
+    """A namespace labelled as the chart's hook labels its own (singleuser.podSecurity)."""
+    name = f"chart-restricted-{uuid.uuid4().hex[:6]}"
+    labels = pod_security_labels("restricted")
+    cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": labels}})
+    install_tool.wait_for(
+        f"namespace {name}'s default ServiceAccount",
+        lambda: cluster.api("GET", f"/api/v1/namespaces/{name}/serviceaccounts")["items"],
+        60,
+    )
+    yield name
+    cluster.api("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.mark.parametrize("values", ["default", "lint-values"])
+def test_pod_security_restricted_admits_the_pod_of_every_rendered_workload(
+    cluster: DevCluster,
+    restricted_namespace: str,
+    install_tool: ModuleType,
+    default_objects: list[dict[str, Any]],
+    all_options_objects: list[dict[str, Any]],
+    values: str,
+) -> None:
+    """Pod Security admission judges pods, not Deployments or Jobs (those only get a warning):
+    each workload's pod template as the Pod its controller would make, in a dry run (without
+    its account and priority class, which this namespace and cluster do not have: the other
+    admission plugins would refuse the pod for them first)."""
+    objects = default_objects if values == "default" else all_options_objects
+    pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{o['kind'].lower()}-{o['metadata']['name']}"},
+            "spec": {
+                k: v
+                for k, v in o["spec"]["template"]["spec"].items()
+                if k not in ("serviceAccountName", "priorityClassName")
+            },
+        }
+        for o in objects
+        if o["kind"] in ("Deployment", "Job")
+    ]
+    assert len(pods) >= 3
+    assert install_tool.server_dry_run(cluster, pods, restricted_namespace) == []
+    # and the label enforces: the hub's pod without runAsNonRoot is refused there
+    (hub,) = [copy.deepcopy(p) for p in pods if p["metadata"]["name"].endswith("-hub")]
+    hub["spec"]["securityContext"].pop("runAsNonRoot")
+    for container in hub["spec"]["containers"]:
+        container["securityContext"].pop("runAsNonRoot")
+    (error,) = install_tool.server_dry_run(cluster, [hub], restricted_namespace)
+    assert error.startswith(f"Pod/{hub['metadata']['name']}: 403"), error
+    assert 'violates PodSecurity "restricted:latest"' in error and "runAsNonRoot" in error
 
 
 @pytest.mark.parametrize("values", ["default", "lint-values"])
@@ -85,6 +142,12 @@ def test_install_spawn_upgrade_and_uninstall(
         hub = tool.Hub(cluster, token)
         hub.wait()
         print(f"install_ready_s={time.monotonic() - started:.1f}")
+        # the pre-install hook labelled the namespace (singleuser.podSecurity: restricted), so
+        # every pod below, the user's server among them, was admitted under it; its account and
+        # rights went with it
+        labels = cluster.api("GET", f"/api/v1/namespaces/{ns}")["metadata"]["labels"]
+        assert pod_security_labels("restricted").items() <= labels.items()
+        assert tool.pods(cluster, "component=pod-security") == []
 
         # the placeholder (a pause image, no command) runs and holds the profile's GPU
         (placeholder,) = tool.wait_for(

@@ -13,12 +13,13 @@ import pytest
 from tests.helm.conftest import REPO, find
 
 #: hub-side sources that call the Kubernetes API (dask_operator.py is the admin's CRD installer
-#: and the operator's entry point, never run by the hub)
+#: and the operator's entry point, pod_security.py's call the chart's namespace-labelling hook
+#: Job's: none is run by the hub)
 SOURCES = [
     *sorted((REPO / "spawner" / "kube").glob("*.py")),
     *sorted((REPO / "spawner" / "workspaces").glob("kube*.py")),
 ]
-NOT_THE_HUBS = {"dask_operator.py"}
+NOT_THE_HUBS = {"dask_operator.py", "pod_security.py"}
 KUBESPAWNER = Path(kubespawner.__file__).parent / "spawner.py"
 
 CALL = re.compile(

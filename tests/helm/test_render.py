@@ -28,9 +28,11 @@ def test_the_default_values_render_the_hub_the_proxy_rbac_and_the_isolation(
         "ConfigMap": 1,
         "Secret": 1,
         "PersistentVolumeClaim": 1,
-        "ServiceAccount": 1,
-        "ClusterRole": 1,
-        "ClusterRoleBinding": 1,
+        # the hub's, and the Pod Security hook Job's (singleuser.podSecurity)
+        "ServiceAccount": 2,
+        "ClusterRole": 2,
+        "ClusterRoleBinding": 2,
+        "Job": 1,
         "Role": 1,
         "RoleBinding": 1,
         "Deployment": 2,  # hub, proxy
@@ -169,6 +171,7 @@ def test_no_container_of_gpulabs_images_replaces_their_entrypoint(
         if o["kind"] in ("Deployment", "Job")
     ]
     mine = [c for pod in pods for c in pod["containers"] if c["image"].startswith(hub_image)]
-    assert len(mine) == 3  # the hub, the Dask operator, the Dask CRDs' hook Job
+    # the hub, the Dask operator, the Dask CRDs' hook Job, the Pod Security hook Job
+    assert len(mine) == 4
     assert [c["name"] for c in mine if "command" in c] == []
     assert all(c["args"] for c in mine)

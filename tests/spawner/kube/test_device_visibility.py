@@ -12,9 +12,6 @@ from typing import Any
 
 import pytest
 from jupyterhub.objects import Hub, Server
-from kubernetes_asyncio.client import Configuration
-from kubernetes_asyncio.config import kube_config
-from kubespawner import clients
 from kubespawner.objects import make_pod
 
 from gpulab.hub.allocator import GPU, GpuShare, Placement, Request
@@ -156,29 +153,7 @@ def test_the_device_rule_wins_over_any_configured_value(configured: str) -> None
 
 # -- GPUKubeSpawner.get_env ---------------------------------------------------------------------
 
-OFFLINE_KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters: [{name: nowhere, cluster: {server: "https://127.0.0.1:9"}}]
-users: [{name: nobody, user: {token: unused}}]
-contexts: [{name: nowhere, context: {cluster: nowhere, user: nobody}}]
-current-context: nowhere
-"""
-
-
-@pytest.fixture
-def offline_kube_config(tmp_path, monkeypatch):
-    """KubeSpawner loads a kubeconfig when it is made (it connects only when used): one that
-    points nowhere, and the client's global configuration as it was afterwards."""
-    path = tmp_path / "kubeconfig"
-    path.write_text(OFFLINE_KUBECONFIG)
-    # read from KUBECONFIG when kubernetes_asyncio is imported, so set where it was kept
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-    saved = Configuration.get_default_copy()
-    clients.load_config.cache_clear()
-    yield
-    clients.load_config.cache_clear()
-    Configuration.set_default(saved)
+# (the fixture offline_kube_config is in conftest.py)
 
 
 def configured_spawner(gpus: tuple[GpuShare, ...]) -> GPUKubeSpawner:
