@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from . import build, procs
+from .addons import CONTROLLERS
 from .agent import podnet
 from .pki import KubeletPKI
 from .spec import NodeSpec, default_nodes
@@ -437,7 +438,9 @@ class DevCluster(ClusterState):
             if name in found:
                 stopped += procs.stop([found[name]], grace_seconds=10 if name == "agent" else 5)
         marker = str(self.state_dir) + os.sep
-        strays = procs.stray_processes(marker, ("launcher.py", AGENT_MODULE, "kube-", "etcd"))
+        # Kueue and JobSet (batch.py) too, where a killed test left them running
+        names = ("launcher.py", AGENT_MODULE, "kube-", "etcd", *(c.binary for c in CONTROLLERS))
+        strays = procs.stray_processes(marker, names)
         if strays:
             stopped += procs.stop(strays, grace_seconds=2)
         from .agent import clusterdns

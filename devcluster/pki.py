@@ -8,6 +8,7 @@ CA whose name is the API server's (mTLS, see agent/kubeletapi.py for why).
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,60 @@ class KubeletPKI:
         )
 
 
-def _openssl(key: Path, cert: Path, subject: str, *extensions: str, ca: KubeletPKI | None = None):
+@dataclass(frozen=True)
+class LoopbackPKI:
+    """A CA and one serving certificate for 127.0.0.1, for a controller that serves admission
+    and conversion webhooks on this machine's loopback (the API server runs here too, so a
+    webhook's `clientConfig.url` can name https://127.0.0.1:PORT). The file names are
+    controller-runtime's defaults (`tls.crt`, `tls.key` in the cert dir)."""
+
+    folder: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.folder / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.folder / "ca.key"
+
+    @property
+    def cert_dir(self) -> Path:
+        return self.folder / "serving"
+
+    def create(self, name: str) -> None:
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.cert_dir.mkdir(mode=0o700, exist_ok=True)
+        _openssl(
+            self.ca_key,
+            self.ca_cert,
+            f"/CN=gpulab-dev-{name}-webhook-ca",
+            "basicConstraints=critical,CA:TRUE",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        )
+        _openssl(
+            self.cert_dir / "tls.key",
+            self.cert_dir / "tls.crt",
+            f"/CN={name}-webhook",
+            "basicConstraints=critical,CA:FALSE",
+            "keyUsage=critical,digitalSignature",
+            "extendedKeyUsage=serverAuth",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            ca=self,
+        )
+
+    def ca_bundle(self) -> str:
+        """The CA certificate, base64, as `clientConfig.caBundle` takes it."""
+        return base64.b64encode(self.ca_cert.read_bytes()).decode()
+
+
+def _openssl(
+    key: Path,
+    cert: Path,
+    subject: str,
+    *extensions: str,
+    ca: KubeletPKI | LoopbackPKI | None = None,
+):
     cmd = [
         "openssl", "req", "-x509", "-new", "-newkey", "ec",
         "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
