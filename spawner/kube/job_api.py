@@ -81,6 +81,16 @@ async def delete_pod(core: Any, pod: Mapping[str, Any], *, grace: int) -> None:
             raise
 
 
+async def job_events(core: Any, h: KubeHandle) -> list[dict[str, Any]]:
+    """The core/v1 Events of the attempt's Job (the Job controller's FailedCreate among them)."""
+    selector = f"involvedObject.kind=Job,involvedObject.name={h.job}"
+    listing = await core.list_namespaced_event(h.namespace, field_selector=selector)
+    plain: list[dict[str, Any]] = [
+        core.api_client.sanitize_for_serialization(e) for e in listing.items or []
+    ]
+    return plain
+
+
 async def delete_leftovers(core: Any, batch: Any, h: KubeHandle) -> None:
     """Jobs of this run's earlier attempts, and a Job or Secret of this very attempt, left by a
     hub that stopped between creating them and storing the handle (the service then retries the
@@ -100,6 +110,7 @@ __all__ = [
     "delete_leftovers",
     "delete_pod",
     "delete_secret",
+    "job_events",
     "pods_of",
     "read_job",
 ]

@@ -10,7 +10,7 @@ reads its pods with the same `pod_is_live` and `waiting_reason`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,24 @@ def waiting_reason(pod: Mapping[str, Any] | None) -> str:
         if condition.get("status") == "False" and condition.get("message"):
             return str(condition["message"])[:300]
     return ""
+
+
+def creation_failure(events: Sequence[Mapping[str, Any]]) -> str:
+    """The newest message of the Job controller's `FailedCreate` events of a Job (why it made
+    no pod: Pod Security, a ResourceQuota, a webhook), '' when there is none. `events`: core/v1
+    Events whose involvedObject is the Job."""
+    failed = [e for e in events if e.get("reason") == "FailedCreate" and e.get("message")]
+    if not failed:
+        return ""
+    newest = max(failed, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return str(newest["message"])[:600]
+
+
+def refused_by_pod_security(message: str) -> bool:
+    """A `creation_failure` that no retry can cure: the namespace's Pod Security admission
+    refuses every pod the Job would make (the same pod again), until an admin changes the
+    servers' hardening or the namespace's level."""
+    return "violates PodSecurity" in message
 
 
 def finished_outcome(

@@ -91,6 +91,7 @@ from gpulab.spawner.kube.job_api import (
     delete_leftovers,
     delete_pod,
     delete_secret,
+    job_events,
     pods_of,
     read_job,
 )
@@ -106,10 +107,12 @@ from gpulab.spawner.kube.job_objects import (
 from gpulab.spawner.kube.job_outcomes import (
     KubeOutcome,
     container_end,
+    creation_failure,
     finished_outcome,
     job_finished,
     outputs_from_log,
     pod_is_live,
+    refused_by_pod_security,
     waiting_reason,
 )
 from gpulab.spawner.kube.job_records import (
@@ -122,6 +125,7 @@ from gpulab.spawner.kube.job_records import (
     read_small_bytes,
     write_file,
 )
+from gpulab.spawner.kube.pod_security import pod_security_advice
 from gpulab.spawner.singleuser.jobwrapper import (
     BEFORE_USER_CODE,
     DEFAULT_KERNEL_START_TIMEOUT_SECONDS,
@@ -136,6 +140,9 @@ LOG_COPY_SECONDS = 10.0
 #: the end of a pod's log read for the wrapper's cause of a failure before the job's code
 CAUSE_BYTES = 64 * 1024
 READ_WRITE_MANY = "ReadWriteMany"
+#: how long an attempt's Job may be without a pod before its events are read for why (the Job
+#: controller makes the pod within a second when it can)
+NO_POD_CHECK_SECONDS = 3.0
 
 
 class KubeJobError(Exception):
@@ -369,8 +376,15 @@ class KubeJobExecutor:
             return finished_outcome(job, last, log_end)
         running = any((p.get("status") or {}).get("phase") == "Running" for p in live)
         waited = time.time() - h.started_at
+        refused = ""
+        if not pods and waited > NO_POD_CHECK_SECONDS:
+            # why the Job controller made no pod: its FailedCreate events say
+            refused = creation_failure(await job_events(spawner.api, h))
+            if refused_by_pod_security(refused):
+                await delete_job(batch, h, grace=0, propagation="Background")
+                return KubeOutcome("failed", pod_security_advice(refused, h.namespace))
         if not running and waited > float(spawner.start_timeout):
-            why = waiting_reason(live[-1] if live else None) or "no pod was scheduled"
+            why = waiting_reason(live[-1] if live else None) or refused or "no pod was scheduled"
             await delete_job(batch, h, grace=0, propagation="Background")
             for pod in live:
                 await delete_pod(spawner.api, pod, grace=0)

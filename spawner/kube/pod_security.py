@@ -102,6 +102,16 @@ def pod_security_refusal(status: int, body: str | bytes | None) -> str | None:
     return message if "violates PodSecurity" in message else None
 
 
+def pod_security_advice(refusal: str, namespace: str) -> str:
+    """What a user and the admin are told of a pod Pod Security refused (a server's, a job's):
+    the API server's message and the settings that decide what the pod asks for."""
+    return (
+        f"{refusal[:600]} (namespace {namespace} enforces Pod Security: see "
+        "GPUKubeSpawner.run_as_non_root, seccomp_profile, drop_capabilities and "
+        "the containers the config adds)"
+    )
+
+
 # -- the chart's hook: label the release's namespace ------------------------------------------
 
 

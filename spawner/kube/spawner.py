@@ -49,7 +49,7 @@ from gpulab.spawner.kube.objects import (
     safe_label_value,
 )
 from gpulab.spawner.kube.placed_pods import gpu_memory_mib, placed_pod_on
-from gpulab.spawner.kube.pod_security import pod_security_refusal
+from gpulab.spawner.kube.pod_security import pod_security_advice, pod_security_refusal
 from gpulab.spawner.kube.state import KubeGPUState, ensure_kube_state
 from gpulab.spawner.kube.warm_start import KubeWarmStartMixin
 from gpulab.spawner.names import (
@@ -387,12 +387,7 @@ class GPUKubeSpawner(
                 refusal = pod_security_refusal(e.status, e.body)
                 if refusal is None:
                     raise
-                raise web.HTTPError(
-                    500,
-                    f"{refusal[:600]} (namespace {self.namespace} enforces Pod Security: see "
-                    "GPUKubeSpawner.run_as_non_root, seccomp_profile, drop_capabilities and "
-                    "the containers the config adds)",
-                ) from None
+                raise web.HTTPError(500, pod_security_advice(refusal, self.namespace)) from None
         except BaseException:
             if not self.profile_list:
                 await self.gpulab_release()

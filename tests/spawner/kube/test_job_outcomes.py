@@ -9,9 +9,11 @@ from typing import Any
 from gpulab.hub.jobs import Cancel, Fail, Preempt, Succeed, TimeOut
 from gpulab.spawner.kube.job_outcomes import (
     KubeOutcome,
+    creation_failure,
     finished_outcome,
     job_finished,
     outputs_from_log,
+    refused_by_pod_security,
     waiting_reason,
 )
 
@@ -88,3 +90,28 @@ def test_a_pod_that_failed_before_the_jobs_code_started_is_the_platforms_failure
     outcome = finished_outcome(job("Failed", "BackoffLimitExceeded"), evicted)
     assert outcome.platform_failure and outcome.reason == "evicted by its node: low on memory"
     assert KubeOutcome.from_dict(asdict(outcome)) == outcome  # as result.json keeps it
+
+
+def failed_create(message: str, at: str, reason: str = "FailedCreate") -> dict[str, Any]:
+    """A core/v1 Event as the Job controller records a pod it could not create."""
+    return {"reason": reason, "type": "Warning", "message": message, "lastTimestamp": at}
+
+
+def test_why_a_job_made_no_pod_is_its_newest_failedcreate_and_pod_security_is_final() -> None:
+    refused = (
+        'Error creating: pods "gpulab-job-rita-4-1-x7" is forbidden: violates PodSecurity '
+        '"restricted:latest": runAsNonRoot != true (pod or container "job" must set '
+        "securityContext.runAsNonRoot=true)"
+    )
+    quota = 'Error creating: pods "p" is forbidden: exceeded quota: compute'
+    events = [
+        failed_create(quota, "2026-12-07T10:00:01Z"),
+        failed_create(refused, "2026-12-07T10:00:05Z"),
+        failed_create("Created pod: p", "2026-12-07T10:00:09Z", reason="SuccessfulCreate"),
+    ]
+    assert creation_failure(events) == refused
+    assert refused_by_pod_security(creation_failure(events))
+    assert creation_failure(events[:1]) == quota
+    assert not refused_by_pod_security(quota)  # a quota may free up: the start waits for it
+    assert creation_failure(events[2:]) == ""
+    assert creation_failure([]) == ""

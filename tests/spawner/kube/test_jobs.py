@@ -41,6 +41,9 @@ NODES = [
 # finds this checkout's, which has gpulab, first on its PATH)
 JOBS_OVERLAY = Config({"GPUJobs": {"admission_interval_seconds": 0.5}})
 
+#: the namespace label Pod Security admission enforces
+ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+
 #: the uid and gid the servers (and so the jobs) run as (GPUKubeSpawner's defaults)
 UID, GID = 1000, 100
 
@@ -51,7 +54,13 @@ def cluster(make_dev_cluster: Any) -> DevCluster:
 
 
 @pytest.fixture
-def hub(make_hub: Any, cluster: DevCluster, shared_dir: Path) -> Iterator[Hub]:
+def hub_overlay() -> Config:
+    """More hub config for one test (a test parametrizes it)."""
+    return Config()
+
+
+@pytest.fixture
+def hub(make_hub: Any, cluster: DevCluster, shared_dir: Path, hub_overlay: Config) -> Iterator[Hub]:
     # the job pods' GPU reports measure simulated devices (labelled so in their pushes), 60 %
     # busy, every second
     figures = shared_dir / "gpus.json"
@@ -61,7 +70,9 @@ def hub(make_hub: Any, cluster: DevCluster, shared_dir: Path) -> Iterator[Hub]:
         "GPULAB_MONITOR_SOURCE": "simulated",
         "GPULAB_SIMULATED_GPU_FILE": str(figures),
     }
-    overlay = kube_hub_overlay(cluster, merged(KUBE_HUB_OVERLAY, JOBS_OVERLAY, monitor))
+    overlay = kube_hub_overlay(
+        cluster, merged(KUBE_HUB_OVERLAY, JOBS_OVERLAY, monitor, hub_overlay)
+    )
     yield make_hub(
         overlay,
         env={"KUBECONFIG": str(cluster.kubeconfig), "GPULAB_METRICS_PUSH_INTERVAL_SECONDS": "1"},
@@ -479,3 +490,51 @@ def test_an_on_demand_server_preempts_a_preemptible_job_pod_which_resumes_from_i
     done = until(fran, path, "succeeded", "failed", timeout=90)
     assert [a["state"] for a in done["attempts"]] == ["preempted", "succeeded"], done
     hub.stop_server("gus")
+
+
+@pytest.mark.parametrize(
+    "hub_overlay", [Config({"GPUKubeSpawner": {"run_as_non_root": False}})], ids=["unhardened"]
+)
+def test_a_job_whose_pod_pod_security_refuses_fails_at_once_saying_why(
+    hub: Hub, cluster: DevCluster
+) -> None:
+    """With the servers' hardening turned off in a namespace that enforces `restricted`, the
+    Job controller's every pod is refused (FailedCreate events, no pod): the run fails within
+    seconds with the API server's reason and the settings to look at, its share given back,
+    rather than waiting out start_timeout (120 s here) and retrying as the platform's failure."""
+    set_enforce(cluster, "restricted")
+    try:
+        hub.create_user("rita")
+        home = make_home(cluster, "rita")
+        put(home, "projects/hello.py", "print('never runs')\n")
+        rita = user_client(hub, "rita")
+        body = {
+            "name": "hello",
+            "kind": "script",
+            "path": "projects/hello.py",
+            "profile": "a100-quarter",
+        }
+        r = rita.post("/users/rita/jobs", json=body)
+        assert r.status_code == 201, r.text
+        run_id = r.json()["id"]
+        run = until(rita, f"/users/rita/jobs/{run_id}", "failed", "succeeded", timeout=60)
+        assert run["state"] == "failed", run
+        assert 'violates PodSecurity "restricted:latest"' in run["reason"], run
+        assert "runAsNonRoot != true" in run["reason"], run
+        assert "GPUKubeSpawner.run_as_non_root" in run["reason"], run
+        assert [a["state"] for a in run["attempts"]] == ["failed"], run  # no platform retry
+        assert not job_pods(cluster, run_id)
+        assert f"rita/job-{run_id}" not in hub.allocations()
+        assert hub.capacity()["a100-quarter"]["free"] == 3
+    finally:
+        set_enforce(cluster, None)
+
+
+def set_enforce(cluster: DevCluster, level: str | None) -> None:
+    """Namespace default's Pod Security enforce level (None: the label removed)."""
+    namespace = cluster.api("GET", "/api/v1/namespaces/default")
+    labels = namespace["metadata"].setdefault("labels", {})
+    labels.pop(ENFORCE_LABEL, None)
+    if level is not None:
+        labels[ENFORCE_LABEL] = level
+    cluster.api("PUT", "/api/v1/namespaces/default", namespace)
