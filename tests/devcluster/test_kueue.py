@@ -20,6 +20,9 @@ from gpulab.devcluster import DevCluster, NodeSpec
 from gpulab.devcluster.batch import QUEUE_LABEL, running_jobset, running_kueue
 from tests.harness.wait import wait_for
 
+#: run after the other dev-cluster tests (tests/harness/fixtures.py: their builds overlap those)
+pytestmark = pytest.mark.batch_controllers
+
 NODE = NodeSpec("kq-gpu-0", gpus=8, cpu=16, memory_gib=64)
 NS = "kueue-test"
 QUEUE = "team-a"
