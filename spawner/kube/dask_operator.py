@@ -8,7 +8,7 @@ CRDs. dask-kubernetes ships its CRDs as templates (`operator/customresources/*.y
 schemas are `$ref`s into a template file of its own and into Kubernetes' OpenAPI definitions
 (`python://k8s_crd_resolver/schemata/k8s-1.21.1.json#/definitions/io.k8s.api.core.v1.PodSpec`),
 plus a JSON patch per CRD (`*.patch.yaml`: defaults the API server requires for list-map keys).
-`apiextensions.k8s.io/v1` takes no `$ref` (the dev cluster's Kubernetes 1.20.2 answers 422
+`apiextensions.k8s.io/v1` takes no `$ref` (Kubernetes answers 422, 1.20.2 and 1.37.2 alike:
 "$ref: Forbidden: $ref is not supported"), so they are resolved here: `resolve_refs` (pure) puts
 the referenced schemas in place, against the *cluster's own* OpenAPI document (`/openapi/v2`), so
 the pod and service schemas are exactly what that API server validates; `structural` makes the

@@ -1,4 +1,4 @@
-"""The chart on a real API server (the dev cluster's Kubernetes 1.20, a cluster of this module's
+"""The chart on a real API server (the dev cluster's Kubernetes 1.37, a cluster of this module's
 own: the chart's PriorityClasses and ClusterRoles are cluster-wide, and Helm refuses to adopt
 objects another test made): the rendered manifests pass a server-side dry run, and a release is
 installed through the Helm engine, serves a GPU server, is upgraded to a later chart version

@@ -1,5 +1,5 @@
 """The chart renders with its default values and with every option on (ci/lint-values.yaml), and
-what it renders is valid for the dev cluster's Kubernetes (1.20) and current versions: strict
+what it renders is valid for the oldest Kubernetes Chart.yaml admits (1.20), 1.31 and the dev cluster's (1.37): strict
 schema validation of every object (kubernetes-validate's schemas; unknown fields are errors)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The dask-kubernetes operator's CRDs made acceptable to a Kubernetes 1.20 API server (pure:
+"""The dask-kubernetes operator's CRDs made acceptable to an API server that takes no `$ref` (every one: 1.20 and the dev cluster's 1.37 alike) (pure:
 gpulab.spawner.kube.dask_operator): `$ref`s resolved (within a document and across documents,
 cycles refused), OpenAPI v2 made structural, the package's JSON patches applied, and the
 installed package's four CRDs resolved against a small OpenAPI document with no `$ref` left.
