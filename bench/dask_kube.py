@@ -80,7 +80,14 @@ def stock_cluster_spec(name: str, n: int) -> dict[str, Any]:
     from dask_kubernetes.operator import make_cluster_spec
 
     spec: dict[str, Any] = make_cluster_spec(
-        name, n_workers=n, worker_command=[sys.executable, "-m", "distributed.cli.dask_worker"]
+        name,
+        n_workers=n,
+        worker_command=[sys.executable, "-m", "distributed.cli.dask_worker"],
+        # outside the cluster: the scheduler at a node's address, as kube-proxy forwards it.
+        # Here, not as KubeCluster's own argument, which a custom spec overrides: a ClusterIP
+        # Service's name does not resolve on this host, and KubeCluster then port-forwards
+        # through the API server, which the node agent does not serve (it waited for ever)
+        scheduler_service_type="NodePort",
     )
     (scheduler,) = spec["spec"]["scheduler"]["spec"]["containers"]
     scheduler["args"] = [
@@ -106,9 +113,6 @@ class KubeRunning:
             custom_cluster_spec=stock_cluster_spec(self.name, n),
             namespace=namespace,
             shutdown_on_close=True,
-            # outside the cluster: the scheduler at a node's address, as kube-proxy forwards it
-            # (ClusterIP would resolve a Service name this host cannot, then port-forward)
-            scheduler_service_type="NodePort",
             quiet=True,
         )
         self.client = Client(self.cluster)

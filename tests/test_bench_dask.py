@@ -27,6 +27,17 @@ def test_a_size_given_wins_over_the_quick_ones() -> None:
     assert bench_dask.sizes(args) == (3, 2, 10.0)
 
 
+def test_the_stock_kubeclusters_scheduler_service_is_a_nodeport_reachable_from_this_host() -> None:
+    """KubeCluster ignores its own scheduler_service_type beside a custom spec: in the spec a
+    ClusterIP Service made it port-forward through the API server, and the run waited for ever."""
+    pytest.importorskip("dask_kubernetes", reason="the kube extra is not installed")
+    from bench.dask_kube import stock_cluster_spec
+
+    spec = stock_cluster_spec("bench-stock-1", 2)
+    assert spec["spec"]["scheduler"]["service"]["type"] == "NodePort"
+    assert spec["spec"]["worker"]["replicas"] == 2
+
+
 def test_a_backend_without_a_ratio_says_why() -> None:
     assert bench_dask.why_no_ratio(bench_dask.Backend("kube", note="--no-kube")) == "--no-kube"
     local = bench_dask.Backend("local", missing={"gpulab": "no hub Dask service"})
