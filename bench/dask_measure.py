@@ -45,6 +45,12 @@ class Backend:
     missing: dict[str, str] = field(default_factory=dict)
 
 
+def unscalable(side: Side) -> str:
+    """Why `side`'s scaling cannot be measured where it runs ('' when it can): its rounds then
+    time cluster-up and shutdown only, and its scale rows say why."""
+    return str(getattr(side, "unscalable", ""))
+
+
 def timed(step: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     step()
@@ -65,16 +71,18 @@ def one_round(side: Side, n: int) -> tuple[tuple[float, float, float, float | No
         holder.append(side.up(n))
         wait_count(holder[0], n, f"{side.label}: cluster-up")
 
+    scale_up_s = scale_down_s = None
     try:
         up_s = timed(up)
         cluster = holder[0]
-        cluster.record()
-        cluster.scale(0)
-        wait_count(cluster, 0, f"{side.label}: settle at 0")
-        cluster.settle()
-        scale_up_s = timed(lambda: scale_to(cluster, n, f"{side.label}: scale 0->N"))
-        cluster.record()
-        scale_down_s = timed(lambda: scale_to(cluster, 0, f"{side.label}: scale N->0"))
+        if not unscalable(side):
+            cluster.record()
+            cluster.scale(0)
+            wait_count(cluster, 0, f"{side.label}: settle at 0")
+            cluster.settle()
+            scale_up_s = timed(lambda: scale_to(cluster, n, f"{side.label}: scale 0->N"))
+            cluster.record()
+            scale_down_s = timed(lambda: scale_to(cluster, 0, f"{side.label}: scale N->0"))
     except BaseException:
         if holder:
             with suppress(Exception):
@@ -101,8 +109,9 @@ def measure(backend: Backend, n: int, rounds: int, leak_wait: float) -> None:
             (up_s, scale_up_s, scale_down_s, scheduler_s), left = one_round(side, n)
             times = backend.times[side.name]
             times.up.append(up_s)
-            times.scale_up.append(scale_up_s)
-            times.scale_down.append(scale_down_s)
+            if scale_up_s is not None and scale_down_s is not None:
+                times.scale_up.append(scale_up_s)
+                times.scale_down.append(scale_down_s)
             if scheduler_s is not None:
                 times.scheduler.append(scheduler_s)
             times.left.append(left)
@@ -143,14 +152,17 @@ def print_backend(backend: Backend, n: int) -> float | None:
         (f"scale 0->{n}", lambda t: t.scale_up),
         (f"scale {n}->0", lambda t: t.scale_down),
     ):
+        scaling = not what.startswith("cluster-up")
+        why_not = {s.name: unscalable(s) for s in backend.sides if scaling and unscalable(s)}
         for name in ("anchor", "gpulab"):
-            if name in backend.missing:
-                label = f"{backend.title}: {what}, {name}"
-                print(f"{label:<{WIDTH}} {_stats([])}  not measured: {backend.missing[name]}")
+            if name in backend.missing or name in why_not:
+                label = f"{backend.title}: {what}, {labels.get(name, name)}"
+                why = backend.missing.get(name) or why_not[name]
+                print(f"{label:<{WIDTH}} {_stats([])}  not measured: {why}")
             else:
                 label = f"{backend.title}: {what}, {labels[name]}"
                 print(f"{label:<{WIDTH}} {_stats(pick(backend.times[name]))}")
-        if not backend.missing:
+        if not backend.missing and not why_not:
             a, g = pick(backend.times["anchor"]), pick(backend.times["gpulab"])
             p50 = statistics.median(g) / statistics.median(a)
             p95 = percentile(g, 0.95) / percentile(a, 0.95)

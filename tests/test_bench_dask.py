@@ -38,6 +38,28 @@ def test_the_stock_kubeclusters_scheduler_service_is_a_nodeport_reachable_from_t
     assert spec["spec"]["worker"]["replicas"] == 2
 
 
+def test_a_side_whose_scaling_cannot_run_gets_the_cluster_up_ratio_and_says_why_not_more() -> None:
+    from bench.dask_measure import Backend, Times, print_backend
+
+    class Side:
+        def __init__(self, name: str, unscalable: str = "") -> None:
+            self.name, self.label, self.unscalable = name, f"{name} side", unscalable
+
+    backend = Backend("kube", sides=[Side("anchor", "its operator cannot reach"), Side("gpulab")])
+    backend.times["anchor"] = Times(up=[2.0, 4.0], first_up=[5.0])
+    backend.times["gpulab"] = Times(up=[1.0, 3.0], scale_up=[1.0], scale_down=[0.1])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ratio = print_backend(backend, 4)
+    assert ratio == 2.0 / 3.0
+    rows = out.getvalue().splitlines()
+    assert [r for r in rows if "scale 0->4, anchor side" in r][0].endswith(
+        "not measured: its operator cannot reach"
+    )
+    assert not [r for r in rows if "scale" in r and "ratio" in r]
+    assert [r for r in rows if "scale 0->4, gpulab side" in r][0].split()[-4] == "1"
+
+
 def test_a_backend_without_a_ratio_says_why() -> None:
     assert bench_dask.why_no_ratio(bench_dask.Backend("kube", note="--no-kube")) == "--no-kube"
     local = bench_dask.Backend("local", missing={"gpulab": "no hub Dask service"})
