@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -90,6 +91,18 @@ def burst(hub: Hub, n: int, timeout: float = 300) -> tuple[int, list[float]]:
                 pending.discard(model["name"])
         time.sleep(0.5)
     failures += len(pending)
+    # why: a refusal's answer, or where a server that never got ready stands
+    for user, r in zip(users, responses, strict=True):
+        if r.status_code not in (201, 202):
+            print(f"  {user}: spawn answered {r.status_code}: {r.text[:300]}", file=sys.stderr)
+    for user in sorted(pending):
+        model = hub.api("GET", f"/users/{user}").json()
+        server = (model.get("servers") or {}).get("") or {}
+        print(
+            f"  {user}: not ready after {timeout:.0f} s: pending={model.get('pending')!r}, "
+            f"server={ {k: server.get(k) for k in ('ready', 'pending', 'started', 'url')} }",
+            file=sys.stderr,
+        )
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(lambda u: hub.api("DELETE", f"/users/{u}/server"), users))
     return failures, sorted(ready_at.values())
