@@ -203,6 +203,12 @@ class Provisioner:
         meta, spec = pvc["metadata"], pvc.get("spec") or {}
         pv_name = f"pvc-{meta['uid']}"
         path = self.root / pv_name
+        if await self._pv_exists(pv_name):
+            # a later event of the same claim (a controller updated it before binding it): its
+            # folder is provisioned and a pod may already own it, through its fsGroup; making it
+            # again would take the group's write bits back (a burst of spawns saw its homes'
+            # preparation refused) or, for a snapshot, copy over a home in use
+            return
         if snap is not None:
             if path.exists():
                 shutil.rmtree(path)  # a copy an earlier attempt did not finish
@@ -256,6 +262,15 @@ class Provisioner:
             component=PROVISIONER,
             kind="PersistentVolumeClaim",
         )
+
+    async def _pv_exists(self, name: str) -> bool:
+        try:
+            await raw(self.core.read_persistent_volume(name, _preload_content=False))
+        except Exception as e:
+            if status_of(e) == 404:
+                return False
+            raise
+        return True
 
     async def _on_pv(self, type_: str, pv: dict[str, Any]) -> None:
         meta, spec = pv["metadata"], pv.get("spec") or {}

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import signal
+import stat
 import subprocess
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -309,3 +312,71 @@ def test_the_pause_command_sleeps_until_sigterm_and_exits_0() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+class _Response:
+    """What a kubernetes_asyncio call with _preload_content=False returns (the parts `raw` reads)."""
+
+    def __init__(self, status: int, body: dict[str, Any] | None = None) -> None:
+        self.status, self.reason, self._body = status, "", body or {}
+
+    async def text(self) -> str:
+        return str(self._body)
+
+    async def json(self) -> dict[str, Any]:
+        return self._body
+
+    def release(self) -> None:
+        pass
+
+
+class _Core:
+    """The two PersistentVolume calls of the provisioner, on a dict of PVs."""
+
+    def __init__(self) -> None:
+        self.pvs: dict[str, dict[str, Any]] = {}
+
+    async def read_persistent_volume(self, name: str, **_: Any) -> _Response:
+        return _Response(200, self.pvs[name]) if name in self.pvs else _Response(404)
+
+    async def create_persistent_volume(self, pv: dict[str, Any], **_: Any) -> _Response:
+        if pv["metadata"]["name"] in self.pvs:
+            return _Response(409)
+        self.pvs[pv["metadata"]["name"]] = pv
+        return _Response(201, pv)
+
+
+class _Events:
+    async def emit(self, *_: Any, **__: Any) -> None:
+        pass
+
+
+async def test_a_claims_later_event_leaves_its_provisioned_folder_as_its_pod_made_it(
+    tmp_path: Path,
+) -> None:
+    """Controllers update a claim between its PV's creation and its binding, and each update is
+    an event without volumeName; provisioning it again reset the folder to 0755 after its pod's
+    fsGroup had made it group-writable (a burst of 10 spawns: 4 homes refused the server)."""
+    from kubernetes_asyncio import client
+
+    from gpulab.devcluster.agent.podsecurity import set_volume_ownership
+    from gpulab.devcluster.agent.volumes import STORAGE_CLASS, Provisioner
+
+    api = client.ApiClient()
+    provisioner = Provisioner(api, tmp_path / "volumes")
+    provisioner.core = _Core()  # type: ignore[assignment]
+    provisioner.events = _Events()  # type: ignore[assignment]
+    claim = {
+        "metadata": {"name": "gpulab-home-ann", "namespace": "default", "uid": "u-1"},
+        "spec": {"storageClassName": STORAGE_CLASS, "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    await provisioner._on_pvc("ADDED", claim)
+    folder = tmp_path / "volumes" / "pvc-u-1"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    set_volume_ownership(folder, 100, read_only=False)  # the pod's start
+    made = stat.S_IMODE(folder.stat().st_mode)
+    assert made & stat.S_IWGRP and made & stat.S_ISGID
+    await provisioner._on_pvc("MODIFIED", claim)  # an annotation, no volumeName yet
+    assert stat.S_IMODE(folder.stat().st_mode) == made
+    assert list(provisioner.core.pvs) == ["pvc-u-1"]  # type: ignore[attr-defined]
+    await api.close()
