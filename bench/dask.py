@@ -20,10 +20,12 @@ measurement contract).
   profile), clusters through the same REST calls.
 
 A side that cannot run (its warm-up fails, or this checkout lacks it) is a row saying why, and
-its backend's ratio is n/a. Known: the stock KubeCluster fails on the dev cluster's Kubernetes
-1.20.2, because kr8s 0.20.15 (dask-kubernetes' client; it supports 1.28 to 1.35) builds kinds
-from discovery's `singularName`, which Kubernetes before 1.27 leaves empty: it looks `pods` up
-as "/v1", gets generic objects, and `Service.ready()` raises TypeError (kr8s PR #651).
+its backend's ratio is n/a. Known: the stock KubeCluster failed on the dev cluster's former
+Kubernetes 1.20.2 (kr8s builds kinds from discovery's `singularName`, empty before 1.27; kr8s
+PR #651); on 1.37 it starts. Its scaling is not measured there (`KubeAnchor.unscalable`): the
+stock operator retires workers by asking the scheduler, at its Service's name or through a
+port-forward, and the operator runs on this host, which resolves no Service name, while the
+node agent's kubelet API serves no port-forward.
 
 Per backend, rounds alternate anchor and gpulab (order flipped every round; one untimed warm-up
 each). A round on one side: cluster-up (from the call that asks for a cluster of N workers to a
