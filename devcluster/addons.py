@@ -12,25 +12,29 @@ does. Flags as upstream's Makefiles: static (`CGO_ENABLED=0`), version stamps in
 
 The binaries land in `~/.cache/gpulab/<name>-<version>/bin` (`$GPULAB_<NAME>_CACHE` replaces that
 folder) with a `build.log` beside them, built lazily by `ensure_binary` (never at import), in a
-work folder moved in with one `rename` under a file lock, as `build.ensure_binaries` does for the
-control plane. A module's own files (CRDs, webhook manifests) are read from Go's module cache
+work folder moved in with one `rename` under a file lock: `build.locked_build` and
+`build.staged_build`, which the control plane's build uses too. A module's own files (CRDs, webhook manifests) are read from Go's module cache
 (`module_dir`), so applying the CRDs needs no build.
 """
 
 from __future__ import annotations
 
 import datetime
-import fcntl
-import json
 import os
-import shutil
-import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .build import GO, BuildError, _log, _run, go_environment
+from .build import (
+    GO,
+    BuildError,
+    _run,
+    download_info,
+    go_environment,
+    locked_build,
+    staged_build,
+)
 
 
 @dataclass(frozen=True)
@@ -111,25 +115,10 @@ def ldflags(c: GoController, commit: str | None, build_date: str) -> str:
     return " ".join(flags)
 
 
-def module_info(c: GoController, cwd: Path | None = None) -> dict:
-    """`go mod download -json` for the controller's module: `Dir` (its files in Go's module
-    cache), `GoMod`, `Origin` (the commit, when the proxy tells it). Downloads it if needed."""
+def module_info(c: GoController, cwd: Path | None = None) -> dict[str, Any]:
+    """`go mod download -json` for the controller's module (`build.download_info`)."""
     folder = cwd or Path(tempfile.gettempdir())
-    proc = subprocess.run(
-        [GO, "mod", "download", "-json", c.module_version],
-        capture_output=True,
-        text=True,
-        cwd=folder,
-        env=go_environment(folder),
-    )
-    try:
-        info = json.loads(proc.stdout)
-    except ValueError:
-        info = {}
-    if proc.returncode != 0 or "Dir" not in info:
-        why = info.get("Error") or proc.stderr.strip()[-2000:]
-        raise BuildError(f"the Go module proxy did not give {c.module_version}: {why}")
-    return dict(info)
+    return download_info(c.module_version, folder, go_environment(folder), need="Dir")
 
 
 def module_dir(c: GoController) -> Path:
@@ -148,58 +137,26 @@ def go_directive(go_mod: str) -> str:
 
 def ensure_binary(c: GoController, *, force: bool = False) -> Path:
     """The cached binary, built first if the cache lacks it (minutes, cold)."""
-    if not force and (found := cached_binary(c)):
-        return found
-    root = cache_root(c)
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another caller may be building: wait for it
-        if not force and (found := cached_binary(c)):
-            return found
-        _build(c, root)
-    found = cached_binary(c)
-    if not found:
-        raise BuildError(f"the build of {c.name} finished but {binary_path(c)} is missing")
-    return found
+    return locked_build(
+        cache_root(c),
+        lambda: cached_binary(c),
+        lambda root: _build(c, root),
+        force=force,
+        missing=f"the build of {c.name} finished but {binary_path(c)} is missing",
+    )
 
 
 def _build(c: GoController, root: Path) -> None:
-    for stale in [*root.glob("build-*"), *root.glob("bin-*")]:  # left by an interrupted build
-        shutil.rmtree(stale, ignore_errors=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
-    log = root / "build.log"
-    log.write_text("")
-    start = time.monotonic()
-    _log(
-        f"building {c.name} v{c.version} ({c.package}) from Go modules in {work} "
-        f"(minutes cold on 2 cores, a relink when Go's caches are warm; log {log})"
-    )
-    try:
-        env = go_environment(work)
+    what = f"{c.name} v{c.version} ({c.package})"
+    with staged_build(root, what, [c.binary]) as (work, staged, log, env):
         info = module_info(c, work)
         go_version = go_directive(Path(info["GoMod"]).read_text())
         module = work / f"{c.name}-build"
         module.mkdir()
         (module / "go.mod").write_text(build_go_mod(c, go_version))
         _run([GO, "mod", "tidy"], what=f"go mod tidy ({c.name})", log=log, cwd=module, env=env)
-        staged = Path(tempfile.mkdtemp(prefix="bin-", dir=root))
-        os.chmod(staged, 0o755)
         date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         commit = (info.get("Origin") or {}).get("Hash")
-        out = staged / c.binary
         flags = ldflags(c, commit, date)
-        cmd = [GO, "build", "-trimpath", "-ldflags", flags, "-o", str(out), c.package]
-        _run(cmd, what=f"go build ({c.name})", log=log, cwd=module, env=env)
-        if not out.is_file():
-            raise BuildError(f"the build left no {c.binary} in {staged}; log {log}")
-        os.chmod(out, 0o755)
-        final = root / "bin"
-        if final.exists():  # forced rebuild: replace it
-            old = root / f"bin-old-{os.getpid()}"
-            final.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        staged.rename(final)
-        (root / "BUILD_SECONDS").write_text(f"{time.monotonic() - start:.0f}\n")
-        _log(f"built {c.name} in {time.monotonic() - start:.0f} s; cached in {final}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        cmd = [GO, "build", "-trimpath", "-ldflags", flags, "-o", str(staged / c.binary)]
+        _run([*cmd, c.package], what=f"go build ({c.name})", log=log, cwd=module, env=env)

@@ -41,9 +41,8 @@ import yaml
 from . import addons, batch_manifests, procs
 from .addons import JOBSET, KUEUE, GoController
 from .pki import LoopbackPKI
-from .state import ClusterState, DevClusterError
+from .state import CRD_API, ClusterState, DevClusterError
 
-CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 WEBHOOK_APIS = {
     "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
     "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
@@ -97,18 +96,11 @@ def apply_crds(cluster: ClusterState, module: Path, webhook_url: str, ca_bundle:
             crd = batch_manifests.with_conversion_webhook(crd, webhook_url, ca_bundle)
         _put(cluster, CRD_API, crd)
         names.append(crd["metadata"]["name"])
-    deadline = time.monotonic() + 60
-    for name in names:
-        while not _established(cluster, name):
-            if time.monotonic() > deadline:
-                raise DevClusterError(f"the CRD {name} was not Established within 60 s")
-            time.sleep(0.2)
-
-
-def _established(cluster: ClusterState, name: str) -> bool:
-    status = cluster.api("GET", f"{CRD_API}/{name}").get("status") or {}
-    conditions = status.get("conditions") or []
-    return any(x["type"] == "Established" and x["status"] == "True" for x in conditions)
+    cluster._wait(
+        f"the CRDs {names} Established",
+        time.monotonic() + 60,
+        lambda: cluster.crds_established(names),
+    )
 
 
 def _ensure_namespace(cluster: ClusterState, name: str) -> None:

@@ -39,7 +39,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 KUBE_VERSION = "1.37.2"
 #: the etcd release of Kubernetes 1.37 (its API server's client is go.etcd.io/etcd/client/v3
@@ -213,19 +217,76 @@ def version_ldflags(version: str, build_date: str) -> str:
 
 def ensure_binaries(*, force: bool = False) -> dict[str, Path]:
     """Return the cached binaries, building them first if the cache lacks them (minutes, cold)."""
-    if not force and (found := cached_binaries()):
+    return locked_build(
+        cache_root(),
+        cached_binaries,
+        _build,
+        force=force,
+        missing=f"the build finished but {bin_dir()} lacks {', '.join(BINARIES)}",
+    )
+
+
+def locked_build(
+    root: Path,
+    cached: Callable[[], T | None],
+    build: Callable[[Path], None],
+    *,
+    force: bool,
+    missing: str,
+) -> T:
+    """What `cached()` finds in the cache under `root`, after `build(root)` under the cache's
+    file lock when it finds nothing (or `force`); BuildError(`missing`) if the build left
+    nothing. A caller that finds the lock held waits for the other's build and uses it."""
+    if not force and (found := cached()):
         return found
-    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another caller may be building: wait for it
-        if not force and (found := cached_binaries()):
+        if not force and (found := cached()):
             return found
-        _build(root)
-    found = cached_binaries()
+        build(root)
+    found = cached()
     if not found:
-        raise BuildError(f"the build finished but {bin_dir()} lacks {', '.join(BINARIES)}")
+        raise BuildError(missing)
     return found
+
+
+@contextlib.contextmanager
+def staged_build(
+    root: Path, what: str, binaries: Sequence[str]
+) -> Iterator[tuple[Path, Path, Path, dict[str, str]]]:
+    """A build of `binaries` into the cache under `root`: yields (work folder, staging folder,
+    log, Go's environment); once the body returns, each binary must be in the staging folder,
+    which then replaces `root/bin` with one `rename` (an interrupted build leaves no half-filled
+    cache), and `BUILD_SECONDS` records the time. The work folder is removed either way."""
+    for stale in [*root.glob("build-*"), *root.glob("bin-*")]:  # left by an interrupted build
+        shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
+    log = root / "build.log"
+    log.write_text("")
+    start = time.monotonic()
+    _log(
+        f"building {what} from Go modules in {work} "
+        f"(minutes cold on 2 cores, a relink when Go's caches are warm; log {log})"
+    )
+    try:
+        staged = Path(tempfile.mkdtemp(prefix="bin-", dir=root))
+        os.chmod(staged, 0o755)
+        yield work, staged, log, go_environment(work)
+        for name in binaries:
+            if not (staged / name).is_file():
+                raise BuildError(f"the build left no {name} in {staged}; log {log}")
+            os.chmod(staged / name, 0o755)
+        final = root / "bin"
+        if final.exists():  # incomplete or forced rebuild: replace it
+            old = root / f"bin-old-{os.getpid()}"
+            final.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        staged.rename(final)
+        (root / "BUILD_SECONDS").write_text(f"{time.monotonic() - start:.0f}\n")
+        _log(f"built {what} in {time.monotonic() - start:.0f} s; cached in {final}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _module(work: Path, name: str, env: dict[str, str], log: Path) -> Path:
@@ -243,7 +304,7 @@ def _module(work: Path, name: str, env: dict[str, str], log: Path) -> Path:
 
 def _build_kubernetes(work: Path, out: Path, env: dict[str, str], log: Path) -> None:
     module = _module(work, "k8s-build", env, log)
-    info = _download_info(f"k8s.io/kubernetes@v{KUBE_VERSION}", module, env)
+    info = download_info(f"k8s.io/kubernetes@v{KUBE_VERSION}", module, env)
     go_mod = Path(info["GoMod"]).read_text()
     edits = [f"-go={v}" for v in directives(go_mod, "go")]
     edits += [f"-godebug={v}" for v in directives(go_mod, "godebug")]
@@ -272,8 +333,12 @@ def _build_kubernetes(work: Path, out: Path, env: dict[str, str], log: Path) -> 
     )
 
 
-def _download_info(module_version: str, cwd: Path, env: dict[str, str]) -> dict[str, str]:
-    """`go mod download -json`'s answer for one module (its go.mod's path among it)."""
+def download_info(
+    module_version: str, cwd: Path, env: dict[str, str], need: str = "GoMod"
+) -> dict[str, Any]:
+    """`go mod download -json`'s answer for one module (downloading it if needed): `Dir` (its
+    files in Go's module cache), `GoMod`, `Origin` (the commit, where the proxy tells it);
+    BuildError when the proxy refuses it or the answer lacks `need`."""
     proc = subprocess.run(
         [GO, "mod", "download", "-json", module_version],
         capture_output=True,
@@ -285,10 +350,10 @@ def _download_info(module_version: str, cwd: Path, env: dict[str, str]) -> dict[
         info = json.loads(proc.stdout)
     except ValueError:
         info = {}
-    if proc.returncode != 0 or "GoMod" not in info:
+    if proc.returncode != 0 or need not in info:
         why = info.get("Error") or proc.stderr.strip()[-2000:]
         raise BuildError(f"the Go module proxy did not give {module_version}: {why}")
-    return info
+    return dict(info)
 
 
 def _build_etcd(work: Path, out: Path, env: dict[str, str], log: Path) -> None:
@@ -311,33 +376,7 @@ def _build_etcd(work: Path, out: Path, env: dict[str, str], log: Path) -> None:
 
 
 def _build(root: Path) -> None:
-    for stale in [*root.glob("build-*"), *root.glob("bin-*")]:  # left by an interrupted build
-        shutil.rmtree(stale, ignore_errors=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
-    log = root / "build.log"
-    log.write_text("")
-    start = time.monotonic()
-    _log(
-        f"building Kubernetes {KUBE_VERSION} and etcd {ETCD_VERSION} from Go modules in {work} "
-        f"(10-30 min cold on 2 cores, a relink when Go's caches are warm; log {log})"
-    )
-    try:
-        env = go_environment(work)
-        staged = Path(tempfile.mkdtemp(prefix="bin-", dir=root))
-        os.chmod(staged, 0o755)
+    what = f"Kubernetes {KUBE_VERSION} and etcd {ETCD_VERSION}"
+    with staged_build(root, what, BINARIES) as (work, staged, log, env):
         _build_kubernetes(work, staged, env, log)
         _build_etcd(work, staged, env, log)
-        for name in BINARIES:
-            if not (staged / name).is_file():
-                raise BuildError(f"the build left no {name} in {staged}; log {log}")
-            os.chmod(staged / name, 0o755)
-        final = root / "bin"
-        if final.exists():  # incomplete or forced rebuild: replace it
-            old = root / f"bin-old-{os.getpid()}"
-            final.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        staged.rename(final)
-        (root / "BUILD_SECONDS").write_text(f"{time.monotonic() - start:.0f}\n")
-        _log(f"built in {time.monotonic() - start:.0f} s; binaries cached in {final}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

@@ -262,21 +262,10 @@ class DevCluster(ClusterState):
                         f"installing CRD {crd['metadata']['name']}: {detail}"
                     ) from e
 
-        def established() -> bool:
-            for crd in snapshotapi.crds():
-                name = crd["metadata"]["name"]
-                try:
-                    got = self.api(
-                        "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
-                    )
-                except (OSError, urllib.error.URLError):
-                    return False
-                conds = (got.get("status") or {}).get("conditions") or []
-                if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-                    return False
-            return True
-
-        self._wait("VolumeSnapshot CRDs established", deadline, established)
+        names = [crd["metadata"]["name"] for crd in snapshotapi.crds()]
+        self._wait(
+            "VolumeSnapshot CRDs established", deadline, lambda: self.crds_established(names)
+        )
         path = f"/apis/{snapshotapi.API_VERSION}/volumesnapshotclasses"
 
         def class_created() -> bool:

@@ -19,8 +19,8 @@ _DAYS = "3650"
 
 
 @dataclass(frozen=True)
-class KubeletPKI:
-    """Where the files are: STATE/secrets/kubelet/ (root's alone, like the rest of secrets/)."""
+class _CertificateAuthority:
+    """A CA's key and certificate in `folder` (made 0700: root's alone)."""
 
     folder: Path
 
@@ -32,6 +32,21 @@ class KubeletPKI:
     def ca_key(self) -> Path:
         return self.folder / "ca.key"
 
+    def _create_ca(self, common_name: str) -> None:
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _openssl(
+            self.ca_key,
+            self.ca_cert,
+            f"/CN={common_name}",
+            "basicConstraints=critical,CA:TRUE",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        )
+
+
+@dataclass(frozen=True)
+class KubeletPKI(_CertificateAuthority):
+    """Where the files are: STATE/secrets/kubelet/ (root's alone, like the rest of secrets/)."""
+
     @property
     def client_cert(self) -> Path:
         return self.folder / "apiserver-kubelet-client.crt"
@@ -42,14 +57,7 @@ class KubeletPKI:
 
     def create(self) -> None:
         """The CA and the API server's client certificate (at `up`, before the API server)."""
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _openssl(
-            self.ca_key,
-            self.ca_cert,
-            "/CN=gpulab-dev-kubelet-ca",
-            "basicConstraints=critical,CA:TRUE",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        )
+        self._create_ca("gpulab-dev-kubelet-ca")
         _openssl(
             self.client_key,
             self.client_cert,
@@ -75,36 +83,19 @@ class KubeletPKI:
 
 
 @dataclass(frozen=True)
-class LoopbackPKI:
+class LoopbackPKI(_CertificateAuthority):
     """A CA and one serving certificate for 127.0.0.1, for a controller that serves admission
     and conversion webhooks on this machine's loopback (the API server runs here too, so a
     webhook's `clientConfig.url` can name https://127.0.0.1:PORT). The file names are
     controller-runtime's defaults (`tls.crt`, `tls.key` in the cert dir)."""
-
-    folder: Path
-
-    @property
-    def ca_cert(self) -> Path:
-        return self.folder / "ca.crt"
-
-    @property
-    def ca_key(self) -> Path:
-        return self.folder / "ca.key"
 
     @property
     def cert_dir(self) -> Path:
         return self.folder / "serving"
 
     def create(self, name: str) -> None:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._create_ca(f"gpulab-dev-{name}-webhook-ca")
         self.cert_dir.mkdir(mode=0o700, exist_ok=True)
-        _openssl(
-            self.ca_key,
-            self.ca_cert,
-            f"/CN=gpulab-dev-{name}-webhook-ca",
-            "basicConstraints=critical,CA:TRUE",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        )
         _openssl(
             self.cert_dir / "tls.key",
             self.cert_dir / "tls.crt",
@@ -126,7 +117,7 @@ def _openssl(
     cert: Path,
     subject: str,
     *extensions: str,
-    ca: KubeletPKI | LoopbackPKI | None = None,
+    ca: _CertificateAuthority | None = None,
 ):
     cmd = [
         "openssl", "req", "-x509", "-new", "-newkey", "ec",

@@ -33,6 +33,8 @@ import yaml
 
 from . import procs
 
+CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
 # stop order: node agent first (its pods go with it), etcd last
 COMPONENTS = (
     "agent",
@@ -240,6 +242,19 @@ class ClusterState:
             return json.loads(data)
         except ValueError:
             return data.decode(errors="replace")
+
+    def crds_established(self, names: Sequence[str]) -> bool:
+        """Whether the API server has each CustomResourceDefinition named `Established` (it
+        serves the kind); False while one is missing or the server does not answer."""
+        for name in names:
+            try:
+                got = self.api("GET", f"{CRD_API}/{name}")
+            except (OSError, urllib.error.URLError):
+                return False
+            conds = (got.get("status") or {}).get("conditions") or []
+            if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                return False
+        return True
 
     def _api_ok(self, path: str) -> bool:
         try:
