@@ -27,8 +27,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.apihandlers.users import SpawnProgressAPIHandler, UserServerAPIHandler
 from jupyterhub.handlers.pages import SpawnHandler, SpawnPendingHandler
+from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab.hub.apihandlers import workspace_actions
@@ -111,6 +112,13 @@ def _remember_refusal(user_name: str, server_name: str, error: Any) -> None:
     RECENT_REFUSALS[key] = (int(error.status_code), str(error.log_message or error))
     while len(RECENT_REFUSALS) > RECENT_REFUSALS_KEPT:
         RECENT_REFUSALS.popitem(last=False)
+
+
+def forgotten_refusal(user: Any, server_name: str) -> tuple[int, str] | None:
+    """Why `user`'s named server `server_name` was refused, if its record is gone already."""
+    if user is None or not server_name or server_name in user.orm_spawners:
+        return None
+    return RECENT_REFUSALS.get((user.name, server_name))
 
 
 def _follow_first_start(handler: Any, user: Any, server_name: str) -> None:
@@ -315,10 +323,8 @@ class GPULabSpawnPendingHandler(SpawnPendingHandler):
             # JupyterHub's checks first: only who may see this server's page reads its refusal
             await super().get(user_name, server_name)
         except web.HTTPError as e:
-            refused = RECENT_REFUSALS.get((user_name, server_name)) if server_name else None
-            if e.status_code != 404 or refused is None or user is None:
-                raise
-            if server_name in user.orm_spawners:
+            refused = forgotten_refusal(user, server_name)
+            if e.status_code != 404 or refused is None:
                 raise
             status, message = refused
             raise web.HTTPError(status, message) from None  # its record is gone already
@@ -327,10 +333,34 @@ class GPULabSpawnPendingHandler(SpawnPendingHandler):
             await forget_refused_start(self, user, server_name)
 
 
+class GPULabSpawnProgressAPIHandler(SpawnProgressAPIHandler):
+    """/hub/api/users/{user}/servers/{name}/progress (the pending page's event stream): a stream
+    opened after a refused first start's record went (the pending page was shown while the start
+    ran, the refusal and the forgetting came before its script connected) gets the refusal as
+    its failed event, where JupyterHub would answer 404 and leave the page saying "starting"
+    for ever. Only for a caller whose scopes may read that user's servers (`read:servers`,
+    checked first, as JupyterHub's own handler does): another tenant gets the same 404 as for a
+    server that never existed, and learns nothing of the refusal."""
+
+    @needs_scope("read:servers")
+    async def get(self, user_name: str, server_name: str = "") -> None:
+        refused = forgotten_refusal(self.find_user(user_name), server_name or "")
+        if refused is None:
+            await super().get(user_name, server_name)
+            return
+        self.set_header("Cache-Control", "no-cache")
+        _status, message = refused
+        await self.send_event(
+            {"progress": 100, "failed": True, "message": f"Spawn failed: {message}"}
+        )
+
+
 #: routes ahead of JupyterHub's own (relative to the hub's prefix, as get_handlers returns them)
 server_handler_overrides: list[tuple[str, type[Any]]] = [
     (r"/api/users/([^/]+)/server", GPULabUserServerAPIHandler),
     (r"/api/users/([^/]+)/servers/([^/]*)", GPULabUserServerAPIHandler),
+    (r"/api/users/([^/]+)/server/progress", GPULabSpawnProgressAPIHandler),
+    (r"/api/users/([^/]+)/servers/([^/]*)/progress", GPULabSpawnProgressAPIHandler),
     (r"/spawn", GPULabSpawnHandler),
     (r"/spawn/([^/]+)", GPULabSpawnHandler),
     (r"/spawn/([^/]+)/([^/]+)", GPULabSpawnHandler),

@@ -3,8 +3,10 @@ keeps, and refused first starts that leave no record counting against the named-
 
 from __future__ import annotations
 
+import json
 import time
 
+import httpx
 import pytest
 from traitlets.config import Config
 
@@ -239,4 +241,22 @@ def test_a_first_start_refused_after_a_202_leaves_no_record_without_another_requ
     page = admin.get("/hub/spawn-pending/bob/big")
     assert page.status_code == 403
     assert "GPU quota exceeded: User &#39;bob&#39; asks for 2 GPUs" in page.text
+    assert "big" not in _servers(hub, "bob")
+
+    # her pending page's event stream, opened as late, ends with the refusal (JupyterHub's own
+    # answers 404, and the page's script then says "starting" for ever)
+    r = hub.api("GET", "/users/bob/servers/big/progress")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    event = json.loads(r.text.split("data: ", 1)[1])
+    assert event["failed"] and event["progress"] == 100
+    assert event["message"].startswith("Spawn failed: GPU quota exceeded: User 'bob' asks for 2")
+    # another tenant's token gets the 404 of a server that never was, and nothing of the reason
+    hub.create_user("carol")
+    r = hub.api("POST", "/users/carol/tokens", json={"note": "carol's own"})
+    assert r.status_code == 201, r.text
+    carol = {"Authorization": f"token {r.json()['token']}"}
+    r = httpx.get(f"{hub.url}/hub/api/users/bob/servers/big/progress", headers=carol)
+    assert r.status_code == 404 and "quota" not in r.text.lower()
+    r = httpx.get(f"{hub.url}/hub/api/users/carol/servers/big/progress", headers=carol)
+    assert r.status_code == 404  # her own server of that name: none, and no refusal of bob's
     assert "big" not in _servers(hub, "bob")
