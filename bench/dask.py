@@ -22,10 +22,11 @@ measurement contract).
 A side that cannot run (its warm-up fails, or this checkout lacks it) is a row saying why, and
 its backend's ratio is n/a. Known: the stock KubeCluster failed on the dev cluster's former
 Kubernetes 1.20.2 (kr8s builds kinds from discovery's `singularName`, empty before 1.27; kr8s
-PR #651); on 1.37 it starts. Its scaling is not measured there (`KubeAnchor.unscalable`): the
-stock operator retires workers by asking the scheduler, at its Service's name or through a
-port-forward, and the operator runs on this host, which resolves no Service name, while the
-node agent's kubelet API serves no port-forward.
+PR #651); on 1.37 it starts. Its operator, on this host as gpulab runs it, retires workers by
+asking the scheduler at its Service's name, which this host cannot resolve (it tries for about
+10 s), then through a port-forward of the API server to the scheduler's pod (the node agent's
+kubelet API serves it since 2026-12-07): the stock side's scale N->0 includes both, as it would
+for an operator run outside any real cluster.
 
 Per backend, rounds alternate anchor and gpulab (order flipped every round; one untimed warm-up
 each). A round on one side: cluster-up (from the call that asks for a cluster of N workers to a

@@ -147,15 +147,6 @@ class KubeAnchor:
         delete_cluster: Callable[[str, str], None],
     ) -> None:
         self.label = f"dask-kubernetes {version('dask_kubernetes')} KubeCluster (stock)"
-        # scaling down is the operator's: it asks the scheduler which workers to retire, at the
-        # scheduler Service's name (in-cluster DNS) or else through a port-forward of the API
-        # server; the operator runs on this host (as gpulab runs it beside the dev cluster),
-        # which resolves no Service name, and the node agent's kubelet API has no port-forward
-        # (404): on 2026-12-07 a scale to 0 had retired none of 4 workers after 5 minutes
-        self.unscalable = (
-            "its operator retires workers through the scheduler's Service name or a "
-            "port-forward, neither of which the dev cluster serves to a host process"
-        )
         self.namespace = namespace
         self.pods = pods
         self.delete_cluster = delete_cluster

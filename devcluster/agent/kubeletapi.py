@@ -1,10 +1,12 @@
-"""A simulated node's kubelet API (the part the API server proxies to): container logs, exec and
-attach, over HTTPS on the node's InternalIP at status.daemonEndpoints.kubeletEndpoint.Port.
+"""A simulated node's kubelet API (the part the API server proxies to): container logs, exec,
+attach and port forwarding (`portforward`), over HTTPS on the node's InternalIP at
+status.daemonEndpoints.kubeletEndpoint.Port.
 
     GET /containerLogs/NS/POD/CONTAINER?follow&tailLines&timestamps&previous&sinceSeconds&
         sinceTime&limitBytes                         -> the output, as the kubelet answers it
     GET /exec/NS/POD/CONTAINER?command=..&stdin&stdout&stderr&tty   (websocket)
     GET /attach/NS/POD/CONTAINER?stdin&stdout&stderr&tty            (websocket)
+    GET /portForward/NS/POD?port=P                                  (websocket, `portforward`)
 
 Websocket subprotocols as the kubelet's: v5/v4/v3/v2.channel.k8s.io and channel.k8s.io (plus the
 base64 variants): each message is one channel byte (0 stdin, 1 stdout, 2 stderr, 3 error, 4
@@ -18,7 +20,7 @@ into any other tenant's pod or read its logs. So the server REQUIRES a client ce
 signed by the cluster's kubelet CA (`pki.KubeletPKI`, made at `up`; its key and the API
 server's client key are in STATE/secrets, root's alone) and naming the API server
 (CN kube-apiserver-kubelet-client); the API server's own authorization (RBAC on pods/log,
-pods/exec, pods/attach) decides which user may reach it.
+pods/exec, pods/attach, pods/portforward) decides which user may reach it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 
 from ..pki import APISERVER_CLIENT_CN, KubeletPKI
-from . import crilog
+from . import crilog, portforward
 from .kube import log
 from .podstate import ContainerState
 from .runtime import StartError, kill_session
@@ -138,6 +140,9 @@ class KubeletServer:
                           f"/{verb}/{{ns}}/{{pod}}/{{uid}}/{{container}}"):  # fmt: skip
                 app.router.add_get(route, handler)
                 app.router.add_post(route, handler)
+        for route in ("/portForward/{ns}/{pod}", "/portForward/{ns}/{pod}/{uid}"):
+            app.router.add_get(route, self.port_forward)
+            app.router.add_post(route, self.port_forward)
         app.router.add_get("/healthz", lambda _r: self._ok())
         # a stopping node (simulated failure, agent exit) cancels open follows and exec sessions
         # after a second instead of waiting for them (aiohttp's default: 60 s)
@@ -157,16 +162,25 @@ class KubeletServer:
             await self.runner.cleanup()
             self.runner = None
 
-    def _container(
+    def _pod(
         self, request: web.Request, error: Callable[[int, str], web.Response] = _text_error
-    ) -> tuple[PodWorker, ContainerState] | web.Response:
-        ns, pod, name = (request.match_info[k] for k in ("ns", "pod", "container"))
+    ) -> PodWorker | web.Response:
+        ns, pod = request.match_info["ns"], request.match_info["pod"]
         worker = self.pods.find(ns, pod)
         if worker is None:
             return error(404, f'pod "{ns}/{pod}" not found on node {self.node_name}')
         uid = request.match_info.get("uid")
         if uid and uid != worker.uid:
             return error(404, f'pod "{ns}/{pod}" with uid {uid} not found')
+        return worker
+
+    def _container(
+        self, request: web.Request, error: Callable[[int, str], web.Response] = _text_error
+    ) -> tuple[PodWorker, ContainerState] | web.Response:
+        worker = self._pod(request, error)
+        if isinstance(worker, web.Response):
+            return worker
+        ns, pod, name = worker.ns, worker.name, request.match_info["container"]
         for cs in [*worker.init, *worker.containers]:
             if cs.name == name:
                 return worker, cs
@@ -247,7 +261,13 @@ class KubeletServer:
             await resp.write_eof()
         return resp
 
-    # -- exec and attach --------------------------------------------------------------------
+    # -- port forwarding, exec and attach ---------------------------------------------------
+
+    async def port_forward(self, request: web.Request) -> web.StreamResponse:
+        worker = self._pod(request)
+        if isinstance(worker, web.Response):
+            return worker
+        return await portforward.serve(request, worker)
 
     def _streaming_to(
         self, request: web.Request

@@ -50,6 +50,7 @@ import socket
 import subprocess
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from .kube import log
@@ -324,34 +325,58 @@ class PodNetwork:
         await _ip("netns", "del", name, check=False)
 
     def listen(self, host: str, port: int, backlog: int = 128) -> socket.socket:
-        """A TCP socket listening on host:port in the nodes' namespace (a node's kubelet API):
-        made in a thread of its own that enters the namespace and ends, since a thread that
-        entered it would make every socket and child process it made later the nodes'."""
-        made: list[socket.socket | BaseException] = []
+        """A TCP socket listening on host:port in the nodes' namespace (a node's kubelet API)."""
 
-        def enter_and_listen() -> None:
+        def bind_and_listen() -> socket.socket:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(backlog)
+            sock.setblocking(False)
+            return sock
+
+        return in_namespace(NETNS_DIR / self.netns, bind_and_listen)
+
+
+def in_namespace(netns: Path, make: Callable[[], socket.socket]) -> socket.socket:
+    """`make()`'s socket, made in network namespace `netns` (a socket stays in the namespace it
+    was made in): by a thread of its own that enters the namespace and ends, since a thread that
+    entered it would make every socket and child process it made later that namespace's."""
+    made: list[socket.socket | BaseException] = []
+
+    def enter_and_make() -> None:
+        try:
+            fd = os.open(netns, os.O_RDONLY)
             try:
-                fd = os.open(NETNS_DIR / self.netns, os.O_RDONLY)
-                try:
-                    if _libc().setns(fd, _CLONE_NEWNET) != 0:
-                        raise OSError(ctypes.get_errno(), f"setns {self.netns}")
-                finally:
-                    os.close(fd)
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((host, port))
-                sock.listen(backlog)
-                sock.setblocking(False)
-                made.append(sock)
-            except BaseException as e:  # handed to the caller's thread
-                made.append(e)
+                if _libc().setns(fd, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns {netns}")
+            finally:
+                os.close(fd)
+            made.append(make())
+        except BaseException as e:  # handed to the caller's thread
+            made.append(e)
 
-        thread = threading.Thread(target=enter_and_listen, name=f"listen-{self.netns}")
-        thread.start()
-        thread.join()
-        if isinstance(made[0], BaseException):
-            raise made[0]
-        return made[0]
+    thread = threading.Thread(target=enter_and_make, name=f"netns-{netns.name}")
+    thread.start()
+    thread.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
+
+
+async def connect_in(netns: Path | None, port: int, timeout: float = 10.0) -> socket.socket:
+    """A connected, non-blocking TCP socket to 127.0.0.1:port in the pod's namespace `netns`
+    (in this process's own where the pod has none): what a container runtime's port forward
+    connects to, so a server a pod binds to its loopback is reached too."""
+
+    def connect() -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        sock.setblocking(False)
+        return sock
+
+    if netns is None:
+        return await asyncio.to_thread(connect)
+    return await asyncio.to_thread(in_namespace, netns, connect)
 
 
 def _libc() -> ctypes.CDLL:
